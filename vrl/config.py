@@ -1,0 +1,67 @@
+"""The repository's human-editable settings file `.vrl/config` (Git-style INI)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+from pathlib import Path
+
+from vrl.errors import VrlError
+from vrl.object_store import storage_error
+
+DEFAULTS = {
+    "core": {"fsync": "true", "verify": "false", "workspace": "policy.safetensors"},
+    "diff": {"threshold": "0.001"},
+    "gc": {"grace": "3600"},
+}
+
+
+class Config:
+    """Sections such as `core`, `diff`, and `remote "origin"`, saved atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.parser = configparser.ConfigParser(interpolation=None)
+        self.parser.read_dict(DEFAULTS)
+        if self.path.exists():
+            try:
+                self.parser.read(self.path)
+            except configparser.Error as exc:
+                raise VrlError(f"{self.path} is not a valid config file: "
+                               f"{str(exc).splitlines()[0]}; fix or remove it") from exc
+
+    def get(self, section: str, key: str, default: str | None = None) -> str | None:
+        return self.parser.get(section, key, fallback=default)
+
+    def getbool(self, section: str, key: str) -> bool:
+        try:
+            return self.parser.getboolean(section, key)
+        except ValueError as exc:
+            raise VrlError(f"{self.path}: [{section}] {key} must be true or false") from exc
+
+    def getfloat(self, section: str, key: str) -> float:
+        try:
+            return self.parser.getfloat(section, key)
+        except ValueError as exc:
+            raise VrlError(f"{self.path}: [{section}] {key} must be a number") from exc
+
+    def set(self, section: str, key: str, value: str) -> None:
+        if not self.parser.has_section(section):
+            self.parser.add_section(section)
+        self.parser.set(section, key, value)
+
+    def sections(self, prefix: str = "") -> list[str]:
+        return [s for s in self.parser.sections() if s.startswith(prefix)]
+
+    def remove_section(self, section: str) -> None:
+        self.parser.remove_section(section)
+
+    def save(self) -> None:
+        tmp = self.path.with_name(f".config.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "w") as f:
+                self.parser.write(f)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise storage_error(exc, self.path.parent, "writing the config") from exc

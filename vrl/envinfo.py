@@ -1,0 +1,120 @@
+"""The environment context recorded with every commit (never any secret)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+# Variables worth recording: they change how training behaves or where it runs.
+_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "ASCEND_", "HCCL_", "NCCL_", "OMP_", "MKL_", "PYTORCH_",
+                  "TORCH_", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                  "MASTER_PORT", "DEVICE_ID", "PYTHONHASHSEED", "CUBLAS_")
+_SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSW|PWD|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|"
+                     r"SIGNATURE|CERT|SAS|CONN", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET.search(name))
+
+
+def safe_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Training-relevant environment variables, with anything credential-like removed."""
+    environ = dict(os.environ) if environ is None else environ
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith(_KEEP_PREFIXES) and not is_secret_name(k)}
+
+
+@lru_cache(maxsize=1)
+def _static() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "packages_digest": _packages_digest(),
+    }
+    try:
+        info["vrl"] = importlib.metadata.version("vrl")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return info
+
+
+def _packages_digest() -> str:
+    """A short hash of every installed distribution and version (spots silent upgrades)."""
+    names = sorted(f"{d.metadata['Name']}=={d.version}".lower()
+                   for d in importlib.metadata.distributions() if d.metadata["Name"])
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+def _accelerator() -> dict[str, Any]:
+    torch = sys.modules.get("torch")  # only describe torch when the caller already uses it
+    if torch is None:
+        return {}
+    info: dict[str, Any] = {"torch": torch.__version__, "device": "cpu"}
+    if torch.version.cuda:
+        info["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        info["device_count"] = torch.cuda.device_count()
+    if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
+        try:
+            import torch_npu  # type: ignore[import-not-found]
+
+            info["torch_npu"] = getattr(torch_npu, "__version__", "unknown")
+            info["cann"] = os.environ.get("ASCEND_TOOLKIT_HOME", "")
+            if torch.npu.is_available():  # type: ignore[attr-defined]
+                info["device"] = torch.npu.get_device_name(0)  # type: ignore[attr-defined]
+        except Exception as exc:  # a broken NPU stack must not stop a commit
+            info["torch_npu_error"] = type(exc).__name__
+    return info
+
+
+def code_version(path: Path) -> dict[str, Any]:
+    """The user's code version from the Git repository around `path`, if any."""
+    try:
+        import git  # GitPython; imported lazily because it is slow to import
+    except ImportError:
+        return {}
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError):
+        return {}
+    try:
+        info: dict[str, Any] = {"root": str(repo.working_tree_dir)}
+        info["commit"] = repo.head.commit.hexsha if repo.head.is_valid() else None
+        info["branch"] = None if repo.head.is_detached else repo.active_branch.name
+        diff = repo.git.diff("HEAD") if info["commit"] else ""
+        info["dirty"] = bool(diff) or bool(repo.untracked_files)
+        if diff:
+            info["diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest()
+        return info
+    except (git.GitCommandError, ValueError, TypeError) as exc:
+        return {"error": type(exc).__name__}
+
+
+def capture(workdir: Path, seeds: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything worth knowing about where and how a snapshot was made."""
+    info = dict(_static())
+    info.update(_accelerator())
+    info["env"] = safe_environ()
+    code = code_version(workdir)
+    if code:
+        info["code"] = code
+    if seeds:
+        info["seeds"] = seeds
+    else:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            info["seeds"] = {"torch_initial_seed": torch.initial_seed()}
+    return info

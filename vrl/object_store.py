@@ -1,0 +1,242 @@
+"""Content-addressed object stores: on disk (the real one) and in memory (its test twin).
+
+Writes are atomic (temp file, then rename into place), so an object is never visible
+half-written; `sync()` makes everything written so far durable before a ref points at it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+
+from vrl.errors import CorruptObjectError, ObjectNotFoundError, StorageError
+from vrl.objects import HEADER_SIZE, ObjectId, hash_object, header, is_object_id, parse_header
+
+
+class ObjectStore(ABC):
+    """The interface every object store implements (see tests/test_object_store.py)."""
+
+    @abstractmethod
+    def has(self, oid: ObjectId) -> bool: ...
+
+    @abstractmethod
+    def read(self, oid: ObjectId) -> tuple[str, bytes]:
+        """Return (kind, payload); raise ObjectNotFoundError if absent."""
+
+    @abstractmethod
+    def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
+              ) -> ObjectId:
+        """Store an object (a no-op if present) and return its id.
+
+        `oid`, when given, is a hash the caller already computed for these bytes.
+        """
+
+    @abstractmethod
+    def delete(self, oid: ObjectId) -> None: ...
+
+    @abstractmethod
+    def ids(self) -> Iterator[ObjectId]: ...
+
+    def sync(self) -> None:  # noqa: B027 - stores without durability need nothing
+        """Make every object written so far durable."""
+
+    def verify(self, oid: ObjectId) -> str:
+        """Re-hash an object; return its kind or raise CorruptObjectError."""
+        kind, payload = self.read(oid)
+        if hash_object(kind, payload) != oid:
+            raise CorruptObjectError(f"object {oid[:12]} is corrupted: its bytes do not match "
+                                     "its id (run `vrl fsck`)")
+        return kind
+
+
+class MemoryObjectStore(ObjectStore):
+    """A dict-backed twin of FileObjectStore for fast tests."""
+
+    def __init__(self) -> None:
+        self.objects: dict[ObjectId, tuple[str, bytes]] = {}
+
+    def has(self, oid: ObjectId) -> bool:
+        return oid in self.objects
+
+    def read(self, oid: ObjectId) -> tuple[str, bytes]:
+        try:
+            return self.objects[oid]
+        except KeyError:
+            raise ObjectNotFoundError(f"object {oid[:12]} not found") from None
+
+    def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
+              ) -> ObjectId:
+        oid = oid or hash_object(kind, payload)
+        self.objects.setdefault(oid, (kind, bytes(payload)))
+        return oid
+
+    def delete(self, oid: ObjectId) -> None:
+        self.objects.pop(oid, None)
+
+    def ids(self) -> Iterator[ObjectId]:
+        yield from list(self.objects)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte (tests replace this to inject ENOSPC and crashes)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view[: 1 << 30])
+        view = view[written:]
+
+
+def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
+    """Turn a low-level OSError into a one-line StorageError that says what to do."""
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return StorageError(f"disk full while {doing} in {root}: nothing was changed; "
+                            "free some space (or run `vrl gc`) and retry")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return StorageError(f"repository {root} is read-only ({os.strerror(exc.errno)}) "
+                            f"while {doing}; use a writable copy or fix its permissions")
+    return StorageError(f"I/O error while {doing} in {root}: {exc.strerror or exc}")
+
+
+class FileObjectStore(ObjectStore):
+    """Objects as files `objects/ab/cdef...` under a repository's `.vrl` directory."""
+
+    def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False) -> None:
+        self.root = Path(root)
+        self.fsync = fsync
+        self.verify_reads = verify_reads
+        self._dirty_dirs: set[Path] = set()
+
+    def path(self, oid: ObjectId) -> Path:
+        if not is_object_id(oid):
+            raise ObjectNotFoundError(f"{oid!r} is not an object id")
+        return self.root / oid[:2] / oid[2:]
+
+    def has(self, oid: ObjectId) -> bool:
+        return self.path(oid).is_file()
+
+    def read(self, oid: ObjectId) -> tuple[str, bytes]:
+        try:
+            raw = self.path(oid).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}") from None
+        kind, size = parse_header(raw)
+        payload = raw[HEADER_SIZE:]
+        if len(payload) != size:
+            raise CorruptObjectError(f"object {oid[:12]} is truncated ({len(payload)} of {size} "
+                                     "bytes); run `vrl fsck`")
+        if self.verify_reads and blake3.blake3(raw).hexdigest() != oid:
+            raise CorruptObjectError(f"object {oid[:12]} is corrupted: its bytes do not match "
+                                     "its id (run `vrl fsck`)")
+        return kind, payload
+
+    def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
+        try:
+            with open(self.path(oid), "rb") as f:
+                return parse_header(f.read(HEADER_SIZE))
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}") from None
+
+    def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
+              ) -> ObjectId:
+        oid = oid or hash_object(kind, payload, threads=len(payload) > (1 << 22))
+        final = self.path(oid)
+        if final.exists():
+            self._freshen(final)
+            return oid
+        self.write_raw(final, [header(kind, memoryview(payload).nbytes), payload], "object")
+        return oid
+
+    def write_raw(self, final: Path, chunks: list[bytes | memoryview], what: str) -> None:
+        """Atomically create `final` from chunks: temp file in the same directory, rename."""
+        tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                for chunk in chunks:
+                    _write_all(fd, chunk)
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise storage_error(exc, self.root.parent, f"writing {what} {final.parent.name}"
+                                f"{final.name[:10]}") from exc
+        self._dirty_dirs.add(final.parent)
+
+    def touch(self, oid: ObjectId) -> bool:
+        """Freshen an existing object's mtime; False if it does not exist."""
+        path = self.path(oid)
+        if not path.is_file():
+            return False
+        self._freshen(path)
+        return True
+
+    @staticmethod
+    def _freshen(path: Path) -> None:
+        # A reused object must look young to a concurrent `gc`, which keeps young objects.
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+
+    def sync(self) -> None:
+        if self.fsync:
+            for d in self._dirty_dirs:
+                fd = os.open(d, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        self._dirty_dirs.clear()
+
+    def delete(self, oid: ObjectId) -> None:
+        self.path(oid).unlink(missing_ok=True)
+
+    def ids(self) -> Iterator[ObjectId]:
+        if not self.root.is_dir():
+            return
+        for sub in sorted(self.root.iterdir()):
+            if len(sub.name) == 2 and sub.is_dir():
+                for f in sorted(sub.iterdir()):
+                    oid = sub.name + f.name
+                    if is_object_id(oid):
+                        yield ObjectId(oid)
+
+    def mtime(self, oid: ObjectId) -> float:
+        return self.path(oid).stat().st_mtime
+
+    def temp_files(self) -> Iterator[tuple[Path, float]]:
+        """Leftovers of interrupted writes (safe to delete once old)."""
+        for f in self.root.glob("*/.tmp-*"):
+            try:
+                yield f, f.stat().st_mtime
+            except FileNotFoundError:
+                continue
+
+    def verify(self, oid: ObjectId) -> str:
+        path = self.path(oid)
+        try:
+            with open(path, "rb") as f:
+                kind, size = parse_header(f.read(HEADER_SIZE))
+                hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+                hasher.update(header(kind, size))
+                got = 0
+                while chunk := f.read(1 << 24):
+                    hasher.update(chunk)
+                    got += len(chunk)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"object {oid[:12]} not found") from None
+        if got != size:
+            raise CorruptObjectError(f"object {oid[:12]} is truncated ({got} of {size} bytes)")
+        if hasher.hexdigest() != oid:
+            raise CorruptObjectError(f"object {oid[:12]} is corrupted: its bytes do not match "
+                                     "its id")
+        return kind

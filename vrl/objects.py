@@ -1,0 +1,194 @@
+"""Object kinds, ids and canonical bytes.
+
+Every object is stored as a 64-byte header followed by its payload; the id is the blake3
+hash of exactly those bytes, so the header binds the kind (a manifest can never collide
+with a tensor holding the same bytes). The fixed header size keeps tensor payloads
+64-byte aligned inside the file, so they can be memory-mapped as any dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+import blake3
+
+from vrl.errors import CorruptObjectError
+
+ObjectId = NewType("ObjectId", str)
+
+KINDS = ("tensor", "manifest", "commit")
+HEADER_SIZE = 64
+ID_HEX_LEN = 64
+FORMAT = 1
+
+
+def header(kind: str, size: int) -> bytes:
+    """The canonical 64-byte header of an object of `kind` with a payload of `size` bytes."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown object kind {kind!r}")
+    text = f"vrl{FORMAT} {kind} {size}".encode()
+    return text + b" " * (HEADER_SIZE - 1 - len(text)) + b"\n"
+
+
+def parse_header(raw: bytes) -> tuple[str, int]:
+    """Return (kind, payload size) from the first 64 bytes of an object file."""
+    try:
+        magic, kind, size = raw[:HEADER_SIZE].decode("ascii").split()
+        if magic != f"vrl{FORMAT}" or kind not in KINDS or len(raw) < HEADER_SIZE:
+            raise ValueError
+        return kind, int(size)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptObjectError("object header is not a vrl object header") from exc
+
+
+def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -> ObjectId:
+    """The id an object with this kind and payload has."""
+    view = memoryview(payload).cast("B")
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
+    hasher.update(header(kind, view.nbytes))
+    hasher.update(view)
+    return ObjectId(hasher.hexdigest())
+
+
+def is_object_id(text: str) -> bool:
+    return len(text) == ID_HEX_LEN and all(c in "0123456789abcdef" for c in text)
+
+
+# ---------------------------------------------------------------------------- canonical JSON
+
+
+def _clean(value: Any) -> Any:
+    """Make metadata JSON-safe and deterministic: non-finite floats become strings."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if hasattr(value, "item"):  # numpy / torch scalars in metrics
+        return _clean(value.item())
+    return str(value)
+
+
+def canonical_json(value: Any) -> bytes:
+    """Byte-stable JSON: sorted keys, no whitespace, UTF-8, finite numbers only."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def load_json(payload: bytes, what: str) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError as exc:
+        raise CorruptObjectError(f"{what} is not valid JSON") from exc
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor's bytes live and how to read them back."""
+
+    id: ObjectId
+    dtype: str  # torch dtype name ("float32", "bfloat16", ...) or "numpy:<f8" for arrays
+    shape: tuple[int, ...]
+    nbytes: int
+    tie: str | None = None  # name of the tensor this one shares storage with
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes
+        }
+        if self.tie is not None:
+            out["tie"] = self.tie
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorEntry:
+        return cls(ObjectId(data["id"]), data["dtype"], tuple(data["shape"]), data["nbytes"],
+                   data.get("tie"))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Every tensor of a snapshot by name, plus the structure (tree) around them."""
+
+    tensors: dict[str, TensorEntry]
+    tree: Any  # JSON skeleton; see vrl.tensors for the encoding
+
+    def to_bytes(self) -> bytes:
+        return canonical_json({
+            "format": FORMAT,
+            "tensors": {k: v.to_json() for k, v in self.tensors.items()},
+            "tree": self.tree,
+        })
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> Manifest:
+        data = load_json(payload, "manifest")
+        try:
+            tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
+            return cls(tensors, data["tree"])
+        except (KeyError, TypeError) as exc:
+            raise CorruptObjectError(f"manifest is missing field {exc}") from exc
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data, counting each distinct object once."""
+        return sum({e.id: e.nbytes for e in self.tensors.values()}.values())
+
+
+# ---------------------------------------------------------------------------- commit
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A snapshot: manifest, lineage, and everything needed to understand and resume it."""
+
+    manifest: ObjectId
+    parents: tuple[ObjectId, ...]
+    message: str
+    author: str
+    time: str  # ISO 8601 UTC, e.g. 2026-11-29T09:00:00.000000Z
+    hparams: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. frozen layers, pruning
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "manifest": self.manifest, "parents": list(self.parents),
+            "message": self.message, "author": self.author, "time": self.time,
+            "hparams": _clean(self.hparams), "metrics": _clean(self.metrics),
+            "env": _clean(self.env), "step": self.step, "stats": _clean(self.stats),
+            "meta": _clean(self.meta),
+        }
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.to_json())
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> Commit:
+        data = load_json(payload, "commit")
+        try:
+            return cls(
+                manifest=ObjectId(data["manifest"]),
+                parents=tuple(ObjectId(p) for p in data["parents"]),
+                message=data["message"], author=data["author"], time=data["time"],
+                hparams=data.get("hparams", {}), metrics=data.get("metrics", {}),
+                env=data.get("env", {}), step=data.get("step"), stats=data.get("stats", {}),
+                meta=data.get("meta", {}),
+            )
+        except (KeyError, TypeError) as exc:
+            raise CorruptObjectError(f"commit is missing field {exc}") from exc

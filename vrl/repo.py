@@ -1,0 +1,778 @@
+"""The repository: objects + refs + config, and the operations users think in.
+
+Importing this module does not import torch or numpy: metadata commands (log, branch,
+tag, reflog) stay fast. Tensor work imports them on first use.
+"""
+
+from __future__ import annotations
+
+import getpass
+import heapq
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vrl.config import Config
+from vrl.diff import DiffResult, compare
+from vrl.errors import (
+    CorruptObjectError,
+    NotARepositoryError,
+    ObjectNotFoundError,
+    PrunedError,
+    RefConflictError,
+    RevisionError,
+    StorageError,
+    VrlError,
+    WorkspaceError,
+)
+from vrl.object_store import FileObjectStore, storage_error
+from vrl.objects import (
+    HEADER_SIZE,
+    Commit,
+    Manifest,
+    ObjectId,
+    TensorEntry,
+    hash_object,
+    is_object_id,
+)
+from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
+
+VRL_DIR = ".vrl"
+MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
+PROBE_MIN = 1 << 16  # smaller tensors are simply re-hashed
+COMMIT_RETRIES = 8
+_REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    id: ObjectId
+    commit: Commit
+    refs: tuple[str, ...] = ()
+
+
+def find_vrl_dir(start: str | Path) -> Path:
+    path = Path(start).resolve()
+    for candidate in (path, *path.parents):
+        if (candidate / VRL_DIR / "HEAD").is_file():
+            return candidate / VRL_DIR
+    raise NotARepositoryError(f"not a vrl repository (or any parent up to /): {path}; "
+                              "run `vrl init` first")
+
+
+def default_author(config: Config) -> str:
+    name = os.environ.get("VRL_AUTHOR") or config.get("user", "name")
+    if not name:
+        try:
+            name = getpass.getuser()
+        except (KeyError, OSError):
+            name = "unknown"
+    email = config.get("user", "email")
+    return f"{name} <{email}>" if email else name
+
+
+class Repo:
+    """A vrl repository (the `.vrl` directory and the workspace around it)."""
+
+    def __init__(self, path: str | Path = ".", *, fsync: bool | None = None,
+                 verify: bool | None = None) -> None:
+        self.vrl_dir = find_vrl_dir(path)
+        self.workdir = self.vrl_dir.parent
+        self.config = Config(self.vrl_dir / "config")
+        fsync = self.config.getbool("core", "fsync") if fsync is None else fsync
+        verify = self.config.getbool("core", "verify") if verify is None else verify
+        self.author = default_author(self.config)
+        self.objects = FileObjectStore(self.vrl_dir / "objects", fsync=fsync,
+                                       verify_reads=verify)
+        self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
+        self._commits: dict[ObjectId, Commit] = {}
+        self._manifests: dict[ObjectId, Manifest] = {}
+        # Tensors committed from memory by this process: storage key -> (version counter,
+        # probe, entry). Lets an incremental commit skip re-hashing unchanged tensors.
+        self._known: dict[tuple, tuple[int, bytes, TensorEntry]] = {}
+        # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
+        # remotes install a fetcher here.
+        self.fetch_missing: Callable[[list[ObjectId]], None] | None = None
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def init(cls, path: str | Path = ".", branch: str = "main",
+             workspace: str | None = None) -> Repo:
+        """Create a repository in `path` (idempotent: an existing one is left as it is)."""
+        root = Path(path).resolve()
+        vrl_dir = root / VRL_DIR
+        if (vrl_dir / "HEAD").is_file():
+            return cls(root)
+        check_ref_name(branch, "branch")
+        try:
+            for sub in ("objects", "refs/heads", "refs/tags", "logs"):
+                (vrl_dir / sub).mkdir(parents=True, exist_ok=True)
+            config = Config(vrl_dir / "config")
+            if workspace:
+                config.set("core", "workspace", workspace)
+            config.save()
+            (vrl_dir / "HEAD.tmp").write_text(f"ref: refs/heads/{branch}\n")
+            os.replace(vrl_dir / "HEAD.tmp", vrl_dir / "HEAD")  # HEAD last: marks it complete
+        except OSError as exc:
+            raise storage_error(exc, root, "creating the repository") from exc
+        return cls(root)
+
+    # ------------------------------------------------------------------ objects
+    def read_commit(self, oid: ObjectId) -> Commit:
+        if oid not in self._commits:
+            kind, payload = self._read(oid)
+            if kind != "commit":
+                raise RevisionError(f"{oid[:12]} is a {kind}, not a commit")
+            self._commits[oid] = Commit.from_bytes(payload)
+        return self._commits[oid]
+
+    def read_manifest(self, oid: ObjectId) -> Manifest:
+        if oid not in self._manifests:
+            kind, payload = self._read(oid)
+            if kind != "manifest":
+                raise CorruptObjectError(f"{oid[:12]} is a {kind}, not a manifest")
+            self._manifests[oid] = Manifest.from_bytes(payload)
+        return self._manifests[oid]
+
+    def _read(self, oid: ObjectId) -> tuple[str, bytes]:
+        try:
+            return self.objects.read(oid)
+        except ObjectNotFoundError:
+            if self.fetch_missing is None:
+                raise
+            self.fetch_missing([oid])
+            return self.objects.read(oid)
+
+    def load_entry(self, entry: TensorEntry) -> Any:
+        """A tensor from the store: memory-mapped (copy-on-write) when large."""
+        from vrl.tensors import tensor_from_buffer
+
+        if not self.objects.has(entry.id):
+            self._fetch_or_fail([entry])
+        if entry.nbytes < MMAP_MIN:
+            kind, payload = self.objects.read(entry.id)
+            return tensor_from_buffer(payload, entry.dtype, entry.shape)
+        import numpy as np
+
+        path = self.objects.path(entry.id)
+        try:
+            if path.stat().st_size != HEADER_SIZE + entry.nbytes:
+                raise ValueError
+            arr = np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER_SIZE,
+                            shape=(entry.nbytes,))
+        except (ValueError, OSError) as exc:
+            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or "
+                                     "unreadable; run `vrl fsck`") from exc
+        if self.objects.verify_reads and hash_object("tensor", arr, threads=True) != entry.id:
+            raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
+                                     "match its id (run `vrl fsck`)")
+        return tensor_from_buffer(arr, entry.dtype, entry.shape)
+
+    def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
+        missing = [e.id for e in entries if not self.objects.has(e.id)]
+        if missing and self.fetch_missing is not None:
+            self.fetch_missing(missing)
+            missing = [m for m in missing if not self.objects.has(m)]
+        if missing:
+            raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository (the "
+                              "snapshot was pruned or cloned with --metadata-only); fetch it "
+                              "from a remote that has it")
+
+    # ------------------------------------------------------------------ revisions
+    def head(self) -> ObjectId | None:
+        return self.refs.read("HEAD")
+
+    def current_branch(self) -> str | None:
+        target = self.refs.head_target()
+        return short_ref(target) if target and target.startswith("refs/heads/") else None
+
+    def resolve(self, rev: str = "HEAD") -> ObjectId:
+        """Turn a revision (id prefix, branch, tag, HEAD, REV~n, REV^n) into a commit id."""
+        if not isinstance(rev, str) or not rev.strip():
+            raise RevisionError("empty revision")
+        match = _REV.match(rev.strip())
+        assert match is not None
+        oid = self._resolve_base(match["base"], rev)
+        for op, num in re.findall(r"([~^])(\d*)", match["ops"]):
+            n = int(num) if num else 1
+            if op == "~":
+                for _ in range(n):
+                    oid = self._parent(oid, 1, rev)
+            elif n:
+                oid = self._parent(oid, n, rev)
+        return oid
+
+    def _parent(self, oid: ObjectId, n: int, rev: str) -> ObjectId:
+        parents = self.read_commit(oid).parents
+        if len(parents) < n:
+            raise RevisionError(f"revision {rev!r} goes past the first commit ({oid[:12]} has "
+                                f"{len(parents)} parent(s))")
+        return parents[n - 1]
+
+    def _resolve_base(self, base: str, rev: str) -> ObjectId:
+        if base in ("HEAD", "@"):
+            head = self.head()
+            if head is None:
+                raise RevisionError("HEAD has no commits yet; commit a snapshot first")
+            return head
+        if is_object_id(base):
+            if not self.objects.has(ObjectId(base)) and self.fetch_missing is None:
+                raise RevisionError(f"unknown revision {rev!r}: no such commit")
+            return ObjectId(base)
+        if base and not any(c in base for c in " \t\n\x00"):
+            for prefix in ("", "refs/", "refs/tags/", "refs/heads/", "refs/remotes/"):
+                name = prefix + base
+                if name.startswith("refs/") and ".." not in name:
+                    try:
+                        value = self.refs.read(name)
+                    except VrlError:
+                        value = None
+                    if value:
+                        return value
+        if re.fullmatch(r"[0-9a-f]{4,63}", base):
+            matches = self._commits_with_prefix(base)
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                listed = ", ".join(m[:12] for m in matches[:5])
+                raise RevisionError(f"ambiguous revision {rev!r}: matches {listed}; "
+                                    "use more characters")
+        raise RevisionError(f"unknown revision {rev!r}: not a branch, tag or commit id "
+                            "(see `vrl log` and `vrl branch`)")
+
+    def _commits_with_prefix(self, prefix: str) -> list[ObjectId]:
+        folder = self.objects.root / prefix[:2]
+        if not folder.is_dir():
+            return []
+        out = []
+        for f in folder.iterdir():
+            if f.name.startswith(prefix[2:]) and is_object_id(prefix[:2] + f.name):
+                oid = ObjectId(prefix[:2] + f.name)
+                try:
+                    if self.objects.kind_and_size(oid)[0] == "commit":
+                        out.append(oid)
+                except VrlError:
+                    continue
+        return sorted(out)
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, state: Any, *, rehash: bool = False, write: bool = True
+                 ) -> tuple[ObjectId, Manifest, set[ObjectId]]:
+        """Store every tensor of `state` and its manifest; return (id, manifest, new ids).
+
+        With write=False nothing is stored (used to compare a workspace file with HEAD).
+        """
+        from vrl.tensors import flatten, probe, tensor_bytes, to_state
+
+        tensors, tree, ties = flatten(to_state(state))
+        entries: dict[str, TensorEntry] = {}
+        new_ids: set[ObjectId] = set()
+        for name, value in tensors.items():
+            if name in ties:
+                target = entries[ties[name]]
+                entries[name] = TensorEntry(target.id, target.dtype, target.shape,
+                                            target.nbytes, tie=ties[name])
+                continue
+            key = self._cache_key(value)
+            entry = None
+            if key is not None and not rehash:
+                version, sample, cached = self._known.get(key, (None, b"", None))
+                # touch() also freshens the object so a concurrent gc keeps it
+                if cached is not None and version == value._version and \
+                        sample == probe(value) and (not write or self.objects.touch(cached.id)):
+                    entry = cached
+            if entry is None:
+                buf, dtype, shape, _keep = tensor_bytes(value)
+                oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
+                if write and not self.objects.has(oid):
+                    self.objects.write("tensor", buf, oid)
+                    new_ids.add(oid)
+                entry = TensorEntry(oid, dtype, shape, buf.nbytes)
+                if key is not None and write:
+                    self._known[key] = (value._version, probe(value), entry)
+            entries[name] = entry
+        manifest = Manifest(entries, tree)
+        payload = manifest.to_bytes()
+        mid = hash_object("manifest", payload)
+        if write:
+            if not self.objects.has(mid):
+                new_ids.add(mid)
+            self.objects.write("manifest", payload, mid)
+            self._manifests[mid] = manifest
+        return mid, manifest, new_ids
+
+    @staticmethod
+    def _cache_key(value: Any) -> tuple | None:
+        import torch
+
+        if not isinstance(value, torch.Tensor) or value.numel() * value.element_size() \
+                < PROBE_MIN or value.is_inference():
+            return None
+        return (str(value.device), value.untyped_storage().data_ptr(), value.storage_offset(),
+                tuple(value.shape), value.stride(), value.dtype)
+
+    def commit(self, state: Any, optimizer: Any = None, *, message: str = "",
+               hparams: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
+               step: int | None = None, env: bool | dict[str, Any] = True,
+               meta: dict[str, Any] | None = None, allow_empty: bool = False,
+               rehash: bool = False, threshold: float | None = None, ref: str = "HEAD",
+               author: str | None = None, time: str | None = None) -> ObjectId:
+        """Snapshot a model / state dict / checkpoint (plus optimizer) as a new commit.
+
+        The ref (HEAD's branch by default) moves by compare-and-swap; if another process
+        committed meanwhile, this commit is re-parented onto theirs (layer statistics are
+        recomputed) so neither is lost.
+        """
+        from vrl import envinfo
+        from vrl.tensors import to_state
+
+        if optimizer is not None:
+            state = {"model": to_state(state), "optimizer": to_state(optimizer)}
+        mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
+        threshold = self.threshold if threshold is None else threshold
+        env_info = env if isinstance(env, dict) else (envinfo.capture(self.workdir) if env
+                                                     else {})
+        for _ in range(COMMIT_RETRIES):
+            parent = self.refs.read(ref)
+            if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
+                                     f"({parent[:12]}); use --allow-empty to commit anyway")
+            parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                if parent else None
+            stats = compare(parent_manifest, manifest, self.load_entry,
+                            known_objects=lambda oid: oid not in new_ids,
+                            threshold=threshold).to_json()
+            stats["parent"] = parent
+            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
+                            message=message, author=author or self.author,
+                            time=time or utc_now(), hparams=hparams or {},
+                            metrics=metrics or {}, env=env_info, step=step, stats=stats,
+                            meta=meta or {})
+            cid = self.objects.write("commit", commit.to_bytes())
+            self._commits[cid] = commit
+            self.objects.sync()  # everything durable before the ref points at it
+            try:
+                self.refs.update(ref, cid, expected=parent,
+                                 reason=f"commit: {message.splitlines()[0] if message else ''}")
+                return cid
+            except RefConflictError:
+                continue
+        raise RefConflictError(f"{short_ref(ref)} kept moving while committing (other "
+                               "processes are committing to it); retry")
+
+    @property
+    def threshold(self) -> float:
+        return self.config.getfloat("diff", "threshold")
+
+    def load(self, rev: str = "HEAD") -> Any:
+        """The snapshot at `rev` as its original structure, tensors memory-mapped."""
+        from vrl.tensors import unflatten
+
+        manifest = self.read_manifest(self.read_commit(self.resolve(rev)).manifest)
+        return self.load_manifest(manifest, unflatten)
+
+    def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
+        if unflatten is None:
+            from vrl.tensors import unflatten
+        self._fetch_or_fail(list(manifest.tensors.values()))
+        tensors: dict[str, Any] = {}
+        for name, entry in manifest.tensors.items():
+            tensors[name] = tensors[entry.tie] if entry.tie else self.load_entry(entry)
+        return unflatten(manifest.tree, tensors)
+
+    def checkout(self, rev: str, model: Any = None, optimizer: Any = None,
+                 create_branch: str | None = None) -> ObjectId:
+        """Move HEAD to `rev` (attached when `rev` is a branch) and load it into `model`."""
+        oid = self.resolve(rev)
+        if create_branch:
+            self.branch(create_branch, oid)
+            self.refs.set_head(f"refs/heads/{create_branch}",
+                               reason=f"checkout: moving to new branch {create_branch}")
+        elif self._is_branch(rev):
+            self.refs.set_head(f"refs/heads/{rev}", reason=f"checkout: moving to {rev}")
+        else:
+            self.refs.set_head(oid, reason=f"checkout: moving to {rev}")
+        if model is not None or optimizer is not None:
+            load_into(self.load(oid), model, optimizer)
+        return oid
+
+    def _is_branch(self, name: str) -> bool:
+        try:
+            return self.refs.read(f"refs/heads/{check_ref_name(name, 'branch')}") is not None
+        except VrlError:
+            return False
+
+    def reset(self, rev: str) -> tuple[ObjectId | None, ObjectId]:
+        """Point the current branch (or detached HEAD) at `rev`; return (old, new)."""
+        oid = self.resolve(rev)
+        old = self.refs.update("HEAD", oid, reason=f"reset: moving to {rev}")
+        return old, oid
+
+    # ------------------------------------------------------------------ history
+    def log(self, rev: str = "HEAD", max_count: int | None = None) -> list[LogEntry]:
+        """Commits reachable from `rev`, newest first."""
+        try:
+            start = self.resolve(rev)
+        except RevisionError:
+            if rev == "HEAD" and self.head() is None:
+                return []
+            raise
+        decorations: dict[ObjectId, list[str]] = {}
+        for name, oid in self.refs.list().items():
+            decorations.setdefault(oid, []).append(name)
+        out: list[LogEntry] = []
+        seen = {start}
+        heap = [(_neg_time(self.read_commit(start).time), start)]
+        while heap and (max_count is None or len(out) < max_count):
+            _, oid = heapq.heappop(heap)
+            commit = self.read_commit(oid)
+            out.append(LogEntry(oid, commit, tuple(decorations.get(oid, ()))))
+            for parent in commit.parents:
+                if parent not in seen:
+                    seen.add(parent)
+                    try:
+                        heapq.heappush(heap, (_neg_time(self.read_commit(parent).time),
+                                              parent))
+                    except ObjectNotFoundError:
+                        continue  # shallow history
+        return out
+
+    def diff(self, a: str, b: str | None = None, threshold: float | None = None
+             ) -> DiffResult:
+        """Layer changes from `a` to `b` (with one revision: from its first parent to it)."""
+        threshold = self.threshold if threshold is None else threshold
+        if b is None:
+            new_id = self.resolve(a)
+            new = self.read_commit(new_id)
+            old_id = new.parents[0] if new.parents else None
+        else:
+            old_id, new_id = self.resolve(a), self.resolve(b)
+            new = self.read_commit(new_id)
+        if new.stats.get("layers") is not None and new.stats.get("parent") == old_id:
+            return DiffResult.from_json(new.stats).with_threshold(threshold)
+        old_manifest = self.read_manifest(self.read_commit(old_id).manifest) if old_id else None
+        return compare(old_manifest, self.read_manifest(new.manifest), self.load_entry,
+                       threshold=threshold)
+
+    def diff_states(self, old: Manifest | None, new: Manifest,
+                    load_new: Callable[[TensorEntry], Any] | None = None,
+                    threshold: float | None = None) -> DiffResult:
+        return compare(old, new, load_new or self.load_entry,
+                       threshold=self.threshold if threshold is None else threshold)
+
+    # ------------------------------------------------------------------ branches and tags
+    def branches(self) -> dict[str, ObjectId]:
+        return {short_ref(k): v for k, v in self.refs.list("refs/heads/").items()}
+
+    def tags(self) -> dict[str, ObjectId]:
+        return {short_ref(k): v for k, v in self.refs.list("refs/tags/").items()}
+
+    def branch(self, name: str, rev: str | ObjectId = "HEAD", force: bool = False) -> ObjectId:
+        check_ref_name(name, "branch")
+        oid = self.resolve(rev)
+        ref = f"refs/heads/{name}"
+        try:
+            self.refs.update(ref, oid, expected=ANY if force else None,
+                             reason=f"branch: created from {rev}")
+        except RefConflictError:
+            raise RefConflictError(f"branch {name!r} already exists; use another name or "
+                                   "--force") from None
+        return oid
+
+    def delete_branch(self, name: str) -> ObjectId:
+        check_ref_name(name, "branch")
+        if self.current_branch() == name:
+            raise VrlError(f"cannot delete branch {name!r}: HEAD is on it; check out another "
+                           "branch first")
+        old = self.refs.read(f"refs/heads/{name}")
+        if old is None:
+            raise RevisionError(f"branch {name!r} not found")
+        self.refs.update(f"refs/heads/{name}", None, expected=old, reason="branch: deleted")
+        return old
+
+    def tag(self, name: str, rev: str = "HEAD", force: bool = False) -> ObjectId:
+        check_ref_name(name, "tag")
+        oid = self.resolve(rev)
+        try:
+            self.refs.update(f"refs/tags/{name}", oid, expected=ANY if force else None,
+                             reason=f"tag: {rev}")
+        except RefConflictError:
+            raise RefConflictError(f"tag {name!r} already exists; use --force to move it") \
+                from None
+        return oid
+
+    def delete_tag(self, name: str) -> ObjectId:
+        check_ref_name(name, "tag")
+        old = self.refs.read(f"refs/tags/{name}")
+        if old is None:
+            raise RevisionError(f"tag {name!r} not found")
+        self.refs.update(f"refs/tags/{name}", None, expected=old, reason="tag: deleted")
+        return old
+
+    # ------------------------------------------------------------------ maintenance
+    def reachable(self, include_reflog: bool = True) -> set[ObjectId]:
+        """Every object reachable from refs, HEAD and (by default) the reflog."""
+        roots: set[ObjectId] = set(self.refs.list().values())
+        head = self.head()
+        if head:
+            roots.add(head)
+        if include_reflog:
+            for name in self.refs.all_logs():
+                for entry in self.refs.reflog(name):
+                    roots.update(x for x in (entry.old, entry.new) if x)
+        seen: set[ObjectId] = set()
+        stack = list(roots)
+        while stack:
+            oid = stack.pop()
+            if oid in seen or not self.objects.has(oid):
+                continue
+            seen.add(oid)
+            try:
+                commit = self.read_commit(oid)
+            except VrlError:
+                continue
+            stack.extend(commit.parents)
+            if self.objects.has(commit.manifest):
+                seen.add(commit.manifest)
+                try:
+                    seen.update(e.id for e in self.read_manifest(commit.manifest).tensors.values())
+                except VrlError:
+                    continue
+        return seen
+
+    def gc(self, grace: float | None = None, dry_run: bool = False,
+           expire_reflog: bool = False) -> tuple[int, int]:
+        """Delete unreachable objects older than `grace` seconds; return (count, bytes)."""
+        import time
+
+        grace = self.config.getfloat("gc", "grace") if grace is None else grace
+        if expire_reflog and not dry_run:
+            self.refs.expire_logs()
+        keep = self.reachable()
+        cutoff = time.time() - grace
+        count = freed = 0
+        for oid in list(self.objects.ids()):
+            if oid in keep:
+                continue
+            path = self.objects.path(oid)
+            try:
+                st = path.stat()
+                # Re-checked just before deleting: a concurrent commit freshens the objects
+                # it reuses, and its new objects are young.
+                if st.st_mtime > cutoff:
+                    continue
+                if not dry_run:
+                    path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise storage_error(exc, self.vrl_dir, "deleting objects") from exc
+            count += 1
+            freed += st.st_size
+        if not dry_run:
+            for tmp, mtime in self.objects.temp_files():
+                if mtime < cutoff:
+                    tmp.unlink(missing_ok=True)
+        return count, freed
+
+    def fsck(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Re-hash every object and check every commit, manifest and ref."""
+        problems: list[str] = []
+        kinds: dict[ObjectId, str] = {}
+        sizes: dict[ObjectId, int] = {}
+        ids = list(self.objects.ids())
+        for i, oid in enumerate(ids):
+            try:
+                kinds[oid] = self.objects.verify(oid)
+                sizes[oid] = self.objects.kind_and_size(oid)[1]
+            except VrlError as exc:
+                problems.append(f"corrupt object {oid}: {exc}")
+            if progress:
+                progress(i + 1, len(ids))
+        lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
+            else False
+        referenced: set[ObjectId] = set()
+        for oid, kind in kinds.items():
+            if kind != "commit":
+                continue
+            try:
+                commit = Commit.from_bytes(self.objects.read(oid)[1])
+            except VrlError as exc:
+                problems.append(f"bad commit {oid}: {exc}")
+                continue
+            pruned = bool(commit.meta.get("pruned"))
+            for parent in commit.parents:
+                referenced.add(parent)
+                if kinds.get(parent) != "commit" and not lazy:
+                    problems.append(f"commit {oid[:12]}: parent {parent[:12]} is missing")
+            referenced.add(commit.manifest)
+            if kinds.get(commit.manifest) != "manifest":
+                problems.append(f"commit {oid[:12]}: manifest {commit.manifest[:12]} is missing")
+                continue
+            try:
+                manifest = Manifest.from_bytes(self.objects.read(commit.manifest)[1])
+            except VrlError as exc:
+                problems.append(f"bad manifest {commit.manifest}: {exc}")
+                continue
+            for name, entry in manifest.tensors.items():
+                referenced.add(entry.id)
+                if entry.id not in kinds:
+                    if not (pruned or lazy):
+                        problems.append(f"commit {oid[:12]}: tensor {name} ({entry.id[:12]}) "
+                                        "is missing")
+                elif kinds[entry.id] != "tensor" or sizes[entry.id] != entry.nbytes:
+                    problems.append(f"commit {oid[:12]}: tensor {name} has the wrong kind "
+                                    "or size")
+        refs = dict(self.refs.list())
+        head_raw = self.refs.read_raw("HEAD")
+        if head_raw is None:
+            problems.append("HEAD is missing")
+        else:
+            try:
+                head = self.refs.read("HEAD")
+                if head:
+                    refs["HEAD"] = head
+            except VrlError as exc:
+                problems.append(str(exc))
+        for name, oid in refs.items():
+            if kinds.get(oid) != "commit":
+                problems.append(f"ref {name} points to {oid[:12]}, which is not a commit here")
+            referenced.add(oid)
+        dangling = sorted(o for o, k in kinds.items() if k == "commit" and o not in referenced)
+        return {"objects": len(ids), "problems": problems, "dangling_commits": dangling,
+                "ok": not problems}
+
+    # ------------------------------------------------------------------ workspace
+    @property
+    def workspace_path(self) -> Path:
+        return self.workdir / (self.config.get("core", "workspace") or "policy.safetensors")
+
+    def _index_path(self) -> Path:
+        return self.vrl_dir / "index"
+
+    def workspace_manifest(self, path: Path | None = None) -> tuple[ObjectId, Manifest] | None:
+        """The manifest the workspace checkpoint would have (None if the file is absent).
+
+        A stat cache (`.vrl/index`) avoids re-reading a file unchanged since vrl wrote or
+        committed it, as Git's index does.
+        """
+        from vrl.workspace import read_checkpoint
+
+        path = path or self.workspace_path
+        if not path.exists():
+            return None
+        cached = self._index_lookup(path)
+        if cached and self.objects.has(cached):
+            return cached, self.read_manifest(cached)
+        mid, manifest, _ = self.snapshot(read_checkpoint(path), write=False)
+        return mid, manifest
+
+    def _index_lookup(self, path: Path) -> ObjectId | None:
+        try:
+            index = json.loads(self._index_path().read_text())
+            st = path.stat()
+        except (OSError, ValueError):
+            return None
+        if index.get("path") == str(path.resolve()) and index.get("size") == st.st_size \
+                and index.get("mtime_ns") == st.st_mtime_ns and \
+                is_object_id(index.get("manifest", "")):
+            return ObjectId(index["manifest"])
+        return None
+
+    def record_workspace(self, path: Path, manifest: ObjectId) -> None:
+        st = path.stat()
+        data = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "manifest": manifest}
+        tmp = self._index_path().with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._index_path())
+        except OSError:
+            pass  # only a cache
+
+    def workspace_status(self) -> tuple[str, DiffResult | None]:
+        """("clean" | "modified" | "missing" | "untracked", diff HEAD -> workspace)."""
+        current = self.workspace_manifest()
+        head = self.head()
+        if current is None:
+            return "missing", None
+        mid, manifest = current
+        if head is None:
+            return "untracked", None
+        head_manifest = self.read_commit(head).manifest
+        if head_manifest == mid:
+            return "clean", None
+        diff = self._diff_workspace(self.read_manifest(head_manifest), manifest)
+        return "modified", diff
+
+    def _diff_workspace(self, old: Manifest, new: Manifest) -> DiffResult:
+        from vrl.tensors import flatten
+        from vrl.workspace import read_checkpoint
+
+        state: dict[str, Any] | None = None
+
+        def load(entry: TensorEntry) -> Any:
+            nonlocal state
+            if self.objects.has(entry.id):
+                return self.load_entry(entry)
+            if state is None:
+                state = flatten(read_checkpoint(self.workspace_path))[0]
+            name = next(n for n, e in new.tensors.items() if e.id == entry.id)
+            return state[name]
+
+        return compare(old, new, load, threshold=self.threshold)
+
+    def write_workspace(self, oid: ObjectId, path: Path | None = None) -> Path:
+        from vrl.workspace import write_checkpoint
+
+        path = path or self.workspace_path
+        commit = self.read_commit(oid)
+        write_checkpoint(self.load(oid), path)
+        self.record_workspace(path, commit.manifest)
+        return path
+
+    def ensure_clean_workspace(self) -> None:
+        status, _ = self.workspace_status()
+        if status == "modified":
+            raise WorkspaceError(f"{self.workspace_path.name} has uncommitted changes; commit "
+                                 "them, or use --force to discard them")
+        if status == "untracked":
+            raise WorkspaceError(f"{self.workspace_path.name} was never committed and would "
+                                 "be overwritten; commit it, or use --force")
+
+    def iter_commits(self) -> Iterator[ObjectId]:
+        for oid in self.objects.ids():
+            try:
+                if self.objects.kind_and_size(oid)[0] == "commit":
+                    yield oid
+            except VrlError:
+                continue
+
+
+def _neg_time(time: str) -> str:
+    # heapq is a min-heap; invert the ISO timestamp so the newest pops first
+    return "".join(chr(0x10FFFF - ord(c)) for c in time)
+
+
+def load_into(state: Any, model: Any = None, optimizer: Any = None) -> None:
+    """Copy a loaded snapshot into a model and/or optimizer (in place)."""
+    if isinstance(state, dict) and "model" in state and ("optimizer" in state or
+                                                         optimizer is not None):
+        if model is not None:
+            model.load_state_dict(state["model"])
+        if optimizer is not None:
+            if "optimizer" not in state:
+                raise VrlError("this snapshot holds no optimizer state")
+            optimizer.load_state_dict(state["optimizer"])
+        return
+    if optimizer is not None:
+        raise VrlError("this snapshot holds no optimizer state")
+    if model is not None:
+        model.load_state_dict(state)
+
+
+__all__ = ["Repo", "LogEntry", "load_into", "StorageError"]

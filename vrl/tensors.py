@@ -1,0 +1,182 @@
+"""Turning checkpoints (modules, state dicts, optimizer states, nested dicts) into named
+tensors plus a JSON skeleton, and back, bit-exactly. This is the only core module that
+imports torch.
+
+Skeleton encoding (JSON objects appear only as tags, so user data cannot be confused
+with them): dict -> {"$d": [[key, value], ...]} (keys str or int, order kept);
+tuple -> {"$tu": [...]}; list -> [...]; tensor or numpy array -> {"$t": name};
+non-finite float -> {"$f": "nan"}; bytes -> {"$b": base64}; torch.dtype -> {"$dt": name};
+str, int, finite float, bool, None -> themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from vrl.errors import CheckpointError
+
+SEP = "/"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown tensor dtype {name!r} in manifest")
+    return dtype
+
+
+def to_state(obj: Any) -> Any:
+    """Accept an nn.Module or optimizer as its state_dict; anything else as it is."""
+    if isinstance(obj, torch.nn.Module) or isinstance(obj, torch.optim.Optimizer):
+        return obj.state_dict()
+    return obj
+
+
+def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
+    """Split a checkpoint into {name: tensor/ndarray}, a JSON skeleton and {name: tied-to}.
+
+    Names are key paths joined by '/' (a flat state dict keeps its own keys).
+    """
+    tensors: dict[str, Any] = {}
+    ties: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+
+    def name_for(path: list[str]) -> str:
+        name = SEP.join(path) or "tensor"
+        base, n = name, 1
+        while name in tensors:
+            n += 1
+            name = f"{base}#{n}"
+        return name
+
+    def enc(value: Any, path: list[str]) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided or value.is_quantized:
+                raise CheckpointError(f"tensor {SEP.join(path)!r} is sparse or quantized; "
+                                      "convert it to a dense tensor first")
+            name = name_for(path)
+            tensors[name] = value
+            if value.numel() > 0 and value.device.type != "meta":
+                key = (value.device.type, value.untyped_storage().data_ptr(),
+                       value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
+                if key in seen:
+                    ties[name] = seen[key]
+                else:
+                    seen[key] = name
+            return {"$t": name}
+        if isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise CheckpointError(f"array {SEP.join(path)!r} holds Python objects")
+            name = name_for(path)
+            tensors[name] = value
+            return {"$t": name}
+        if isinstance(value, Mapping):
+            items = []
+            for k, v in value.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise CheckpointError(f"key {k!r} at {SEP.join(path) or 'top level'!r} "
+                                          "is not a string or integer")
+                items.append([k, enc(v, [*path, str(k)])])
+            return {"$d": items}
+        if isinstance(value, tuple):
+            return {"$tu": [enc(v, [*path, str(i)]) for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [enc(v, [*path, str(i)]) for i, v in enumerate(value)]
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"$f": repr(value)}
+        if value is None or isinstance(value, (str, int, bool)):
+            return value
+        if isinstance(value, bytes):
+            return {"$b": base64.b64encode(value).decode()}
+        if isinstance(value, torch.dtype):
+            return {"$dt": _dtype_name(value)}
+        if isinstance(value, (np.integer, np.floating, np.bool_)):
+            return enc(value.item(), path)
+        raise CheckpointError(f"value at {SEP.join(path) or 'top level'!r} has type "
+                              f"{type(value).__name__}, which a checkpoint cannot hold "
+                              "(use tensors, numbers, strings, lists and dicts)")
+
+    tree = enc(obj, [])
+    return tensors, tree, ties
+
+
+def unflatten(tree: Any, tensors: Mapping[str, Any]) -> Any:
+    """Rebuild the checkpoint from its skeleton and {name: tensor}."""
+
+    def dec(node: Any) -> Any:
+        if isinstance(node, list):
+            return [dec(v) for v in node]
+        if isinstance(node, dict):
+            (tag, value), = node.items()
+            if tag == "$t":
+                return tensors[value]
+            if tag == "$d":
+                return {k: dec(v) for k, v in value}
+            if tag == "$tu":
+                return tuple(dec(v) for v in value)
+            if tag == "$f":
+                return float(value)
+            if tag == "$b":
+                return base64.b64decode(value)
+            if tag == "$dt":
+                return torch_dtype(value)
+            raise CheckpointError(f"unknown tag {tag!r} in manifest tree")
+        return node
+
+    return dec(tree)
+
+
+def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
+    """(raw little-endian bytes, dtype name, shape, keep-alive) of a tensor or array."""
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        return memoryview(arr.reshape(-1).view(np.uint8)), f"numpy:{arr.dtype.str}", \
+            tuple(arr.shape), arr
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.contiguous()
+    raw = t.reshape(-1).view(torch.uint8)
+    return memoryview(raw.numpy()), _dtype_name(t.dtype), tuple(t.shape), t
+
+
+def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    """A tensor (or ndarray) viewing `buf` (bytes-like or a uint8 numpy array)."""
+    if dtype.startswith("numpy:"):
+        arr = np.frombuffer(buf, dtype=np.dtype(dtype[6:])) if not isinstance(buf, np.ndarray) \
+            else buf.view(np.dtype(dtype[6:]))
+        return arr.reshape(shape)
+    tdtype = torch_dtype(dtype)
+    if isinstance(buf, np.ndarray):
+        raw = torch.from_numpy(buf)
+    elif len(buf) == 0:
+        return torch.empty(shape, dtype=tdtype)
+    else:
+        raw = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+    return raw.view(tdtype).reshape(shape)
+
+
+def probe(value: Any) -> bytes:
+    """A cheap sample of a tensor's bytes: evenly spaced elements plus both ends.
+
+    Used with the autograd version counter to recognise tensors unchanged since they were
+    committed; writes through `.data` bypass the version counter, and the probe catches
+    those that touch any sampled element (full re-hash: `commit(..., rehash=True)`).
+    """
+    flat = value.detach().reshape(-1)
+    n = flat.numel()
+    step = max(1, n // 1024)
+    parts = [flat[::step], flat[-64:]]
+    return b"".join(bytes(p.contiguous().view(torch.uint8).cpu().numpy()) for p in parts)

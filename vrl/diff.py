@@ -28,6 +28,15 @@ def layer_of(name: str) -> str:
     return head or last
 
 
+def human_bytes(n: float) -> str:
+    """1.5 MB style sizes (decimal units, like du --si)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 @dataclass
 class TensorChange:
     name: str
@@ -70,7 +79,7 @@ class DiffResult:
 
     def summary(self) -> str:
         return (f"{len(self.material)} of {len(self.layers)} layers changed materially; "
-                f"{self.bytes_new / 1e6:.1f} MB of {self.bytes_total / 1e6:.1f} MB new")
+                f"{human_bytes(self.bytes_new)} of {human_bytes(self.bytes_total)} new")
 
     def to_json(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "bytes_new": self.bytes_new,

@@ -1,0 +1,69 @@
+"""Actor-critic MLPs with a shared interface for every environment (CleanRL's ``Agent``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    """Orthogonal weights and constant bias, as in the PPO implementation details."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(sizes: list[int], out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-2], sizes[1:-1], strict=True):
+        layers += [layer_init(nn.Linear(a, b)), nn.Tanh()]
+    layers.append(layer_init(nn.Linear(sizes[-2], sizes[-1]), std=out_std))
+    return nn.Sequential(*layers)
+
+
+def sample_categorical(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Gumbel-max sampling from our own generator, so eval and logging never shift the
+    training RNG stream (needed for exact resume)."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device)
+    gumbel = -torch.log(-torch.log(u.clamp_(1e-20, 1.0)))
+    return (logits + gumbel).argmax(dim=-1)
+
+
+class Agent(nn.Module):
+    """Separate actor and critic MLPs with tanh activations (discrete actions)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden_sizes: list[int]) -> None:
+        super().__init__()
+        self.critic = mlp([obs_dim, *hidden_sizes, 1], out_std=1.0)
+        self.actor = mlp([obs_dim, *hidden_sizes, num_actions], out_std=0.01)
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1).float()
+
+    def get_action_and_value(
+        self,
+        x: torch.Tensor,
+        action: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns ``action, logprob, entropy, value, logits`` (float32 outside autocast)."""
+        logits = self.actor(x).float()
+        log_probs = torch.log_softmax(logits, dim=-1)
+        if action is None:
+            action = sample_categorical(logits, generator)
+        logprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return action, logprob, entropy, self.get_value(x), logits
+
+
+def layer_params(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Parameters grouped by the module that owns them (``actor.0`` -> weight, bias).
+
+    A "layer" is the unit of freezing, trust radii and store statistics.
+    """
+    groups: dict[str, list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        owner = name.rsplit(".", 1)[0] if "." in name else name
+        groups.setdefault(owner, []).append(param)
+    return groups

@@ -1,0 +1,234 @@
+"""Algorithm configuration: one dataclass per algorithm, loadable from YAML.
+
+Each field's docstring is the documentation (CleanRL style). ``load_config``
+merges, in order: the dataclass defaults, a YAML file, then ``--set key=value``
+overrides. Values are parsed as YAML scalars and checked against the field's type.
+Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment factory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid."""
+
+
+@dataclass
+class PPOConfig:
+    """Proximal Policy Optimization (Schulman et al. 2017), CleanRL defaults."""
+
+    seed: int = 1
+    """seed for environments, network initialisation and sampling"""
+    total_steps: int = 500_000
+    """total environment steps (agent-steps for multi-agent envs) of the run"""
+    num_envs: int = 4
+    """parallel environments (the warehouse multiplies this by its number of AGVs)"""
+    num_steps: int = 128
+    """steps per environment per rollout (SB3's ``n_steps``)"""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """lambda of generalised advantage estimation"""
+    num_minibatches: int = 4
+    """minibatches per epoch"""
+    update_epochs: int = 4
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient (PPO's epsilon)"""
+    clip_vloss: bool = True
+    """clip the value loss around the old value prediction"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip (the seed's ``grad_clip``)"""
+    target_kl: float | None = None
+    """stop the epochs of an update early when approx-KL exceeds this (None: never)"""
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """hidden layer widths of the actor and the critic MLPs"""
+    adam_eps: float = 1e-5
+    """Adam epsilon (CleanRL uses 1e-5, not PyTorch's 1e-8)"""
+    eval_interval: int = 0
+    """evaluate every this many iterations (0: never)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (the warehouse evaluates one episode per env)"""
+    env: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments for the environment factory (``--set env.num_agents=10``)"""
+
+    @property
+    def algo(self) -> str:
+        return "ppo"
+
+
+@dataclass
+class GSPOConfig(PPOConfig):
+    """Gradient-Shaped Policy Optimization: PPO plus three switchable mechanisms.
+
+    Defaults are the seed's: gamma 0.99, lambda 0.95, epsilon 0.2 decaying by 0.995,
+    grad_clip 0.3, hessian_interval 5, 10 epochs, 32 minibatches, 2048 steps.
+    With ``shaper``, ``radius`` and ``replay`` all False it is exactly PPO with
+    ``clip_coef = epsilon_base``.
+    """
+
+    num_steps: int = 2048
+    """steps per environment per rollout (seed: n_steps 2048)"""
+    num_minibatches: int = 32
+    """minibatches per epoch (seed: 32)"""
+    update_epochs: int = 10
+    """epochs over each rollout (seed: noptepochs 10)"""
+    max_grad_norm: float = 0.3
+    """global gradient-norm clip (seed: grad_clip 0.3)"""
+
+    shaper: bool = True
+    """mechanism 1: damp gradients of high-curvature, oscillating parameters"""
+    hessian_interval: int = 5
+    """estimate the Hessian diagonal every this many optimizer steps (seed: 5)"""
+    hessian_probes: int = 1
+    """Rademacher probes per Hutchinson estimate"""
+    shaper_beta: float = 0.9
+    """EMA factor of the curvature and sign-flip statistics"""
+    shaper_strength: float = 1.0
+    """kappa in g / (1 + kappa * flip_rate * relative_curvature)"""
+
+    radius: bool = True
+    """mechanism 2: per-layer trust radius around a decaying global epsilon"""
+    epsilon_base: float = 0.2
+    """initial global epsilon; also the surrogate clip coefficient in GSPO (seed: 0.2)"""
+    epsilon_decay: float = 0.995
+    """epsilon multiplier applied once per update iteration (rollout + update) (seed: 0.995)"""
+    epsilon_min: float = 0.05
+    """floor of the global epsilon so it cannot collapse over a long run"""
+    radius_scale: float = 0.05
+    """a layer may move at most radius_scale * epsilon * scale_l * ||w_l|| per optimizer step"""
+    radius_min_scale: float = 0.5
+    """lower bound of the per-layer sensitivity scale"""
+    radius_max_scale: float = 2.0
+    """upper bound of the per-layer sensitivity scale"""
+    sensitivity_beta: float = 0.9
+    """EMA factor of each layer's gradient-to-weight norm ratio"""
+
+    replay: bool = True
+    """mechanism 3: prioritized sampling of minibatches within the rollout"""
+    replay_alpha: float = 0.6
+    """priority exponent: P(i) = p_i^alpha / sum_j p_j^alpha (Schaul et al. 2016)"""
+    replay_beta0: float = 0.4
+    """initial importance-weight exponent, annealed linearly to 1 over the run"""
+    replay_eps: float = 1e-6
+    """added to priorities so no sample has probability 0"""
+
+    @property
+    def algo(self) -> str:
+        return "gspo"
+
+
+CONFIGS: dict[str, type[PPOConfig]] = {"ppo": PPOConfig, "gspo": GSPOConfig}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(name: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotated type ``tp``; int is accepted for float."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(name, value, inner[0])
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return [_coerce(name, v, args[0]) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected true/false, got {value!r}")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    if tp in (int, float, str) and not isinstance(value, tp):
+        raise ConfigError(f"{name}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def config_from_dict(algo: str, values: dict[str, Any]) -> PPOConfig:
+    """Build the config of ``algo`` from a mapping, rejecting unknown keys."""
+    try:
+        cls = CONFIGS[algo]
+    except KeyError:
+        raise ConfigError(f"unknown algorithm {algo!r}; choose from {sorted(CONFIGS)}") from None
+    types = _field_types(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in types:
+            raise ConfigError(f"unknown {algo} config key {key!r}")
+        kwargs[key] = _coerce(key, value, types[key])
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``key=value`` and parse the value as a YAML scalar (``1e-3``, ``true``, ``[64,64]``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: {exc}") from None
+    # YAML 1.1 reads "1e-3" as a string; accept it as a float
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def load_config(
+    algo: str, path: str | Path | None = None, overrides: typing.Sequence[str] = ()
+) -> PPOConfig:
+    """Defaults of ``algo``, then the YAML file at ``path``, then ``key=value`` overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        loaded.pop("algo", None)
+        values.update(loaded)
+    env = dict(values.pop("env", None) or {})
+    for text in overrides:
+        key, value = parse_override(text)
+        if key.startswith("env."):
+            env[key[4:]] = value
+        else:
+            values[key] = value
+    values["env"] = env
+    return config_from_dict(algo, values)
+
+
+def config_to_dict(config: PPOConfig) -> dict[str, Any]:
+    """Plain mapping of every field plus ``algo`` (for logs and snapshots)."""
+    out = dataclasses.asdict(config)
+    out["algo"] = config.algo
+    return out

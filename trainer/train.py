@@ -1,0 +1,275 @@
+"""The training loop: collect a rollout, update, emit events (CleanRL's main loop as a class).
+
+Public surface used by hooks and by the store:
+
+* ``Trainer.state_dict()`` / ``load_state_dict()`` - model, optimizer, scaler, algorithm
+  state, every RNG, counters, environment state and the pending observation; restoring
+  it continues bit-identically on CPU (Gymnasium/PettingZoo envs cannot be snapshotted
+  and are re-seeded instead).
+* ``freeze_layers`` / ``unfreeze_layers`` / ``layer_names`` - an external controller
+  (dirty-layer training) switches layers off: no gradients, no optimizer update, no
+  Hessian work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.agent import Agent, layer_params
+from trainer.algos import make_algo
+from trainer.algos.ppo import RolloutBuffer
+from trainer.config import PPOConfig, config_to_dict
+from trainer.devices import Precision, manual_seed_all, rng_state, set_rng_state
+from trainer.distributed import DistContext
+from trainer.envs.base import VecEnv, state_dict_of
+from trainer.hooks import Hook
+
+STATE_VERSION = 1
+
+
+class Trainer:
+    """Runs ``config.total_steps`` agent-steps of PPO or GSPO on ``env``."""
+
+    def __init__(
+        self,
+        env: VecEnv,
+        config: PPOConfig,
+        *,
+        device: str | torch.device = "cpu",
+        precision: str = "fp32",
+        hooks: Iterable[Hook] = (),
+        eval_env: VecEnv | None = None,
+        dist: DistContext | None = None,
+    ) -> None:
+        self.env = env
+        self.eval_env = eval_env
+        self.config = config
+        self.device = torch.device(device)
+        self.dist = dist or DistContext()
+        self.precision = Precision(precision, self.device)
+        self.hooks: list[Hook] = list(hooks)
+
+        manual_seed_all(config.seed)  # network initialisation; identical on every rank
+        self.agent = Agent(env.obs_dim, env.num_actions, config.hidden_sizes).to(self.device)
+        self.dist.broadcast_module(self.agent)
+        rank_seed = config.seed + 7919 * self.dist.rank
+        self.action_generator = torch.Generator(device=self.device)
+        self.action_generator.manual_seed(rank_seed)
+        self.update_generator = torch.Generator(device=self.device)
+        self.update_generator.manual_seed(rank_seed + 1)
+        self.algo = make_algo(self.agent, config, self.precision, self.dist,
+                              self.update_generator)
+        self.buffer = RolloutBuffer.allocate(config.num_steps, env.num_envs, env.obs_dim,
+                                             self.device)
+
+        self.steps_per_iteration = config.num_steps * env.num_envs * self.dist.world_size
+        self.num_iterations = max(1, config.total_steps // self.steps_per_iteration)
+        self.iteration = 0
+        self.global_step = 0
+        self.episode_returns: deque[float] = deque(maxlen=100)
+        self.last_metrics: dict[str, float] = {}
+        self._frozen: set[str] = set()
+        self._stop = False
+        self.next_obs = env.reset(seed=rank_seed)
+
+    # ---------------------------------------------------------------- access
+    @property
+    def model(self) -> Agent:
+        return self.agent
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.algo.optimizer
+
+    @property
+    def total_steps(self) -> int:
+        return self.num_iterations * self.steps_per_iteration
+
+    def request_stop(self) -> None:
+        """Finish after the current iteration (hooks may call this)."""
+        self._stop = True
+
+    def _emit(self, event: str, *args: Any) -> None:
+        for hook in self.hooks:
+            getattr(hook, event)(self, *args)
+
+    # --------------------------------------------------------------- freezing
+    def layer_names(self) -> list[str]:
+        return list(layer_params(self.agent))
+
+    @property
+    def frozen_layers(self) -> frozenset[str]:
+        return frozenset(self._frozen)
+
+    def freeze_layers(self, names: Iterable[str]) -> None:
+        """Stop training these layers: requires_grad False, so they get no gradient, no
+        optimizer update (Adam skips params without grad) and no Hessian probes."""
+        groups = layer_params(self.agent)
+        for name in names:
+            if name not in groups:
+                raise KeyError(f"no layer {name!r}; layers: {sorted(groups)}")
+            for p in groups[name]:
+                p.requires_grad_(False)
+                p.grad = None
+            self._frozen.add(name)
+
+    def unfreeze_layers(self, names: Iterable[str] | None = None) -> None:
+        """Train these layers again (all frozen layers when ``names`` is None)."""
+        groups = layer_params(self.agent)
+        for name in list(self._frozen if names is None else names):
+            for p in groups[name]:
+                p.requires_grad_(True)
+            self._frozen.discard(name)
+
+    # ------------------------------------------------------------------- loop
+    def train(self, iterations: int | None = None) -> dict[str, float]:
+        """Run until ``num_iterations`` (or ``iterations`` more); returns the last metrics."""
+        stop_at = self.num_iterations if iterations is None else self.iteration + iterations
+        self._stop = False
+        self._emit("on_start")
+        cfg = self.config
+        while self.iteration < stop_at and not self._stop:
+            metrics = self.run_iteration()
+            self._emit("on_iteration_end", self.iteration, metrics)
+            if (cfg.eval_interval and self.eval_env is not None
+                    and self.iteration % cfg.eval_interval == 0):
+                eval_metrics = self.evaluate()
+                self._emit("on_evaluation", self.iteration, eval_metrics)
+        self._emit("on_end", self.last_metrics)
+        return self.last_metrics
+
+    @torch.no_grad()
+    def collect_rollout(self) -> list[dict[str, float]]:
+        """Fill the buffer with ``num_steps`` steps; returns the finished episodes."""
+        buf, env, cfg = self.buffer, self.env, self.config
+        episodes: list[dict[str, float]] = []
+        next_obs = self.next_obs
+        for step in range(cfg.num_steps):
+            buf.obs[step] = next_obs
+            with self.precision.autocast():
+                action, logprob, _, value, _ = self.agent.get_action_and_value(
+                    next_obs, generator=self.action_generator)
+            buf.values[step] = value
+            buf.actions[step] = action
+            buf.logprobs[step] = logprob
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            reward = reward.to(self.device).float()
+            if "final_obs" in info:
+                # a time limit is not a terminal state: bootstrap with V(final_obs)
+                with self.precision.autocast():
+                    final_value = self.agent.get_value(info["final_obs"])
+                bootstrap = (truncated & ~terminated).to(self.device)
+                reward = reward + cfg.gamma * final_value * bootstrap
+            buf.rewards[step] = reward
+            buf.dones[step] = (terminated | truncated).to(self.device).float()
+            episodes.extend(info.get("episodes", ()))
+        self.next_obs = next_obs
+        return episodes
+
+    def run_iteration(self) -> dict[str, float]:
+        """One rollout plus one update; returns this iteration's metrics."""
+        self.iteration += 1
+        t0 = time.perf_counter()
+        episodes = self.collect_rollout()
+        self.global_step += self.steps_per_iteration
+        t1 = time.perf_counter()
+        with torch.no_grad(), self.precision.autocast():
+            next_value = self.agent.get_value(self.next_obs)
+        progress = (self.iteration - 1) / self.num_iterations
+        metrics = self.algo.update(self.buffer, next_value.float(), progress)
+        t2 = time.perf_counter()
+
+        metrics["charts/global_step"] = float(self.global_step)
+        metrics["charts/SPS"] = self.steps_per_iteration / (t2 - t0)
+        metrics["perf/rollout_s"] = t1 - t0
+        metrics["perf/update_s"] = t2 - t1
+        metrics["charts/frozen_layers"] = float(len(self._frozen))
+        if episodes:
+            returns = [ep["return"] for ep in episodes]
+            self.episode_returns.extend(returns)
+            metrics["charts/episodic_return"] = float(np.mean(returns))
+            metrics["charts/episodic_length"] = float(np.mean([ep["length"] for ep in episodes]))
+            for key in episodes[0]:
+                if key not in ("return", "length"):
+                    metrics[f"env/{key}"] = float(np.mean([ep[key] for ep in episodes]))
+        if self.episode_returns:
+            metrics["charts/return_last100"] = float(np.mean(self.episode_returns))
+        self.last_metrics = metrics
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, num_episodes: int | None = None, max_steps: int = 100_000
+                 ) -> dict[str, float]:
+        """Sample the current policy on ``eval_env`` from a fixed seed, with its own
+        generator, so evaluating never changes the training RNG streams."""
+        env = self.eval_env
+        if env is None:
+            raise RuntimeError("no eval_env was given to the Trainer")
+        num_episodes = num_episodes or self.config.eval_episodes
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(self.config.seed + 104_729)
+        obs = env.reset(seed=self.config.seed + 104_729)
+        episodes: list[dict[str, float]] = []
+        for _ in range(max_steps):
+            with self.precision.autocast():
+                action, *_ = self.agent.get_action_and_value(obs, generator=gen)
+            obs, _, _, _, info = env.step(action)
+            episodes.extend(info.get("episodes", ()))
+            if len(episodes) >= num_episodes:
+                break
+        returns = np.array([ep["return"] for ep in episodes])
+        metrics = {"eval/return": float(returns.mean()) if len(returns) else float("nan"),
+                   "eval/return_std": float(returns.std()) if len(returns) else float("nan"),
+                   "eval/episodes": float(len(episodes))}
+        for key in (episodes[0] if episodes else {}):
+            if key != "return":
+                metrics[f"eval/{key}"] = float(np.mean([ep[key] for ep in episodes]))
+        return metrics
+
+    # -------------------------------------------------------------- snapshot
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: tensors plus plain Python values."""
+        return {
+            "version": STATE_VERSION,
+            "config": config_to_dict(self.config),
+            "iteration": self.iteration,
+            "global_step": self.global_step,
+            "num_iterations": self.num_iterations,
+            "model": {k: v.detach().clone() for k, v in self.agent.state_dict().items()},
+            "algo": self.algo.state_dict(),
+            "rng": {"action": self.action_generator.get_state(),
+                    "update": self.update_generator.get_state(),
+                    "global": rng_state()},
+            "env": state_dict_of(self.env),
+            "next_obs": self.next_obs.detach().clone(),
+            "episode_returns": list(self.episode_returns),
+            "frozen_layers": sorted(self._frozen),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported trainer state version {state.get('version')!r}")
+        self.iteration = int(state["iteration"])
+        self.global_step = int(state["global_step"])
+        self.num_iterations = int(state["num_iterations"])
+        self.agent.load_state_dict(state["model"])
+        self.unfreeze_layers()
+        self.freeze_layers(state["frozen_layers"])
+        self.algo.load_state_dict(state["algo"])
+        self.action_generator.set_state(state["rng"]["action"].cpu())
+        self.update_generator.set_state(state["rng"]["update"].cpu())
+        set_rng_state(state["rng"]["global"])
+        if state["env"] is not None and hasattr(self.env, "load_state_dict"):
+            self.env.load_state_dict(state["env"])
+            self.next_obs = state["next_obs"].to(self.device).clone()
+        else:
+            # not snapshottable: start fresh episodes, seeded by the iteration
+            self.next_obs = self.env.reset(seed=self.config.seed + 7919 * self.dist.rank
+                                           + 1_000_003 * self.iteration)
+        self.episode_returns = deque(state["episode_returns"], maxlen=100)

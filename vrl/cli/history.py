@@ -1,0 +1,188 @@
+"""Commands that read history: log, show, diff, reflog (none of them imports torch
+unless a diff has to be computed from tensor data)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from vrl.cli._common import (
+    color,
+    echo_json,
+    first_line,
+    fmt_num,
+    json_option,
+    pass_repo,
+    render_diff,
+    short,
+    table,
+)
+from vrl.refs import short_ref
+from vrl.repo import LogEntry, Repo
+
+
+def _decorations(repo: Repo, entry: LogEntry) -> str:
+    head_target = repo.refs.head_target()
+    names = []
+    if head_target is None and repo.head() == entry.id:
+        names.append("HEAD")
+    for ref in entry.refs:
+        name = short_ref(ref)
+        if ref.startswith("refs/tags/"):
+            name = f"tag: {name}"
+        if ref == head_target:
+            name = f"HEAD -> {name}"
+            names.insert(0, name)
+        else:
+            names.append(name)
+    return f" ({', '.join(names)})" if names else ""
+
+
+def _entry_json(entry: LogEntry) -> dict[str, Any]:
+    c = entry.commit
+    return {"id": entry.id, "parents": list(c.parents), "message": c.message,
+            "author": c.author, "time": c.time, "step": c.step, "metrics": c.metrics,
+            "refs": list(entry.refs), "summary": c.stats.get("summary")}
+
+
+@click.command()
+@click.argument("rev", default="HEAD")
+@click.option("-n", "--max-count", type=int, default=None, help="Show at most N commits.")
+@click.option("--oneline", is_flag=True, help="One line per commit.")
+@click.option("--metrics", "metric_names", default=None, metavar="A,B",
+              help="Show these metrics as columns.")
+@json_option
+@pass_repo
+def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names: str | None,
+        as_json: bool) -> None:
+    """Show the history of snapshots reachable from REV."""
+    entries = repo.log(rev, max_count=max_count)
+    if as_json:
+        echo_json([_entry_json(e) for e in entries])
+        return
+    if not entries:
+        click.echo("No commits yet")
+        return
+    if metric_names is not None:
+        names = [m for m in metric_names.split(",") if m]
+        rows = [[short(e.id), fmt_num(e.commit.step),
+                 *[fmt_num(e.commit.metrics.get(m)) for m in names],
+                 first_line(e.commit.message)] for e in entries]
+        click.echo(table(["commit", "step", *names, "message"], rows))
+        return
+    for e in entries:
+        c = e.commit
+        if oneline:
+            click.echo(f"{color(short(e.id), 'yellow')}{_decorations(repo, e)} "
+                       f"{first_line(c.message)}")
+            continue
+        click.echo(color(f"commit {e.id}", "yellow") + _decorations(repo, e))
+        click.echo(f"Author: {c.author}")
+        click.echo(f"Date:   {c.time}")
+        if c.step is not None:
+            click.echo(f"Step:   {c.step}")
+        if c.metrics:
+            click.echo("Metrics: " + " ".join(f"{k}={fmt_num(v)}" for k, v in
+                                              sorted(c.metrics.items())))
+        click.echo("")
+        for line in (c.message or "").splitlines() or [""]:
+            click.echo(f"    {line}")
+        click.echo("")
+
+
+def _flat(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        out = []
+        for k, v in sorted(data.items()):
+            out.extend(_flat(v, f"{prefix}{k}." if not isinstance(v, dict) or not v
+                             else f"{prefix}{k}."))
+        return [(k.rstrip("."), v) for k, v in out]
+    return [(prefix, data)]
+
+
+@click.command()
+@click.argument("rev", default="HEAD")
+@click.option("--threshold", type=float, default=None, help="Material-change threshold.")
+@click.option("--all", "show_all", is_flag=True, help="Also list unchanged layers.")
+@json_option
+@pass_repo
+def show(repo: Repo, rev: str, threshold: float | None, show_all: bool, as_json: bool) -> None:
+    """Show a snapshot: message, hyperparameters, environment, metrics and layer changes."""
+    oid = repo.resolve(rev)
+    c = repo.read_commit(oid)
+    diff = repo.diff(oid, threshold=threshold)
+    if as_json:
+        echo_json({**c.to_json(), "id": oid, "diff": diff.to_json()})
+        return
+    click.echo(color(f"commit {oid}", "yellow"))
+    if c.parents:
+        click.echo(f"Parent: {c.parents[0]}")
+    click.echo(f"Author: {c.author}")
+    click.echo(f"Date:   {c.time}")
+    if c.step is not None:
+        click.echo(f"Step:   {c.step}")
+    click.echo("")
+    for line in (c.message or "").splitlines() or [""]:
+        click.echo(f"    {line}")
+    for title, data in (("Hyperparameters", c.hparams), ("Metrics", c.metrics),
+                        ("Environment", c.env), ("Metadata", c.meta)):
+        if data:
+            click.echo(f"\n{title}:")
+            for key, value in _flat(data):
+                click.echo(f"  {key}: {fmt_num(value)}")
+    click.echo("")
+    click.echo(render_diff(diff, only_changed=not show_all))
+
+
+@click.command()
+@click.argument("a", required=False)
+@click.argument("b", required=False)
+@click.option("--threshold", type=float, default=None, help="Material-change threshold.")
+@click.option("--all", "show_all", is_flag=True, help="Also list unchanged layers.")
+@json_option
+@pass_repo
+def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show_all: bool,
+         as_json: bool) -> None:
+    """Layer-by-layer changes from A to B.
+
+    With one revision: what that snapshot changed against its parent. With none: the
+    workspace checkpoint against HEAD.
+    """
+    if a is None:
+        state, result = repo.workspace_status()
+        if result is None:
+            if as_json:
+                echo_json({"workspace": state, "layers": {}})
+            else:
+                click.echo(f"workspace: {state}")
+            return
+        if threshold is not None:
+            result = result.with_threshold(threshold)
+    else:
+        result = repo.diff(a, b, threshold=threshold)
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        click.echo(render_diff(result, only_changed=not show_all))
+
+
+@click.command()
+@click.argument("ref", default="HEAD")
+@click.option("-n", "--max-count", type=int, default=None)
+@json_option
+@pass_repo
+def reflog(repo: Repo, ref: str, max_count: int | None, as_json: bool) -> None:
+    """Every move of HEAD (or a branch): the undo history."""
+    name = ref if ref == "HEAD" or ref.startswith("refs/") else f"refs/heads/{ref}"
+    entries = repo.refs.reflog(name)[:max_count]
+    if as_json:
+        echo_json([{"old": e.old, "new": e.new, "time": e.time, "who": e.who,
+                    "reason": e.reason} for e in entries])
+        return
+    label = "HEAD" if name == "HEAD" else short_ref(name)
+    for i, e in enumerate(entries):
+        click.echo(f"{color(short(e.new), 'yellow')} {label}@{{{i}}}: {e.reason}")
+
+
+COMMANDS = [log, show, diff, reflog]

@@ -1,0 +1,51 @@
+"""Repository maintenance: gc and fsck."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from vrl.cli._common import echo_json, json_option, pass_repo
+from vrl.repo import Repo
+
+
+@click.command()
+@click.option("--grace", type=float, default=None, metavar="SECONDS",
+              help="Keep unreachable objects younger than this [default: gc.grace, 3600].")
+@click.option("--dry-run", is_flag=True, help="Only report what would be removed.")
+@click.option("--expire-reflog", is_flag=True,
+              help="Forget the reflog first, so snapshots only it kept alive are removed.")
+@json_option
+@pass_repo
+def gc(repo: Repo, grace: float | None, dry_run: bool, expire_reflog: bool,
+       as_json: bool) -> None:
+    """Delete objects no ref, HEAD or reflog entry can reach."""
+    count, freed = repo.gc(grace=grace, dry_run=dry_run, expire_reflog=expire_reflog)
+    if as_json:
+        echo_json({"objects": count, "bytes": freed, "dry_run": dry_run})
+        return
+    verb = "Would remove" if dry_run else "Removed"
+    click.echo(f"{verb} {count} unreachable objects ({freed / 1e6:.1f} MB)")
+
+
+@click.command()
+@json_option
+@pass_repo
+def fsck(repo: Repo, as_json: bool) -> None:
+    """Re-hash every object and check every commit, manifest and ref."""
+    report = repo.fsck()
+    if as_json:
+        echo_json(report)
+    else:
+        for problem in report["problems"]:
+            click.echo(f"error: {problem}")
+        for oid in report["dangling_commits"]:
+            click.echo(f"dangling commit {oid}")
+        state = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
+        click.echo(f"checked {report['objects']} objects: {state}")
+    if not report["ok"]:
+        sys.exit(1)
+
+
+COMMANDS = [gc, fsck]

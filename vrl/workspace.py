@@ -40,16 +40,21 @@ def read_checkpoint(path: str | Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        detail = str(exc).strip().splitlines()
+        detail = str(exc).strip().splitlines() or [type(exc).__name__]
         reason = next((line for line in detail if "Unsupported global" in line), detail[0])
         raise CheckpointError(
             f"{path}: refused, it needs pickle to rebuild arbitrary Python objects "
             f"({reason.strip()}); vrl never unpickles untrusted data, so save a state dict "
             "of tensors (torch.save(model.state_dict(), ...)) or a .safetensors file"
         ) from exc
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+    except Exception as exc:  # any failure to parse untrusted bytes means "not readable"
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (truncated or not "
-                              f"a checkpoint?): {str(exc).splitlines()[0][:120]}") from exc
+                              f"a checkpoint?): {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:120] if lines else type(exc).__name__
 
 
 def _read_safetensors(path: Path) -> Any:
@@ -63,7 +68,7 @@ def _read_safetensors(path: Path) -> Any:
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors file (truncated or not a "
-                              f"checkpoint?): {str(exc).splitlines()[0][:120]}") from exc
+                              f"checkpoint?): {_first_line(exc)}") from exc
     if "vrl.tree" not in meta:
         return dict(tensors)
     try:

@@ -1,0 +1,38 @@
+"""Shared test helpers: bit-exact comparison of nested checkpoints."""
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def raw(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Bit-exact equality of nested structures (NaNs and -0.0 included)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert raw(a) == raw(b), path
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a.keys()) == list(b.keys()), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}/{i}")
+    elif isinstance(a, float) and a != a:
+        assert isinstance(b, float) and b != b, path
+    else:
+        assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
+
+
+def small_policy(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))

@@ -1,0 +1,89 @@
+"""Object encoding: headers, canonical bytes and ids are pinned (bytes are identity)."""
+
+import blake3
+import pytest
+
+from vrl.errors import CorruptObjectError
+from vrl.objects import (
+    HEADER_SIZE,
+    Commit,
+    Manifest,
+    TensorEntry,
+    canonical_json,
+    hash_object,
+    header,
+    parse_header,
+)
+
+PAYLOAD = bytes(range(16))
+TENSOR_ID = "0cf5c119ced892a8595d18cf00f75162d2bfe3447c5a723a897e3dca31f03ecf"
+MANIFEST_ID = "2f1901ba397c602e1f9ef1634632eb50435e19db51acd16370521af97e95692b"
+COMMIT_ID = "60b930bbd3a14c877b94d7edd25f5cb0ac0eb07b5b4f03db5e872210b7056706"
+
+
+def golden_manifest() -> Manifest:
+    return Manifest({"w": TensorEntry(TENSOR_ID, "float32", (2, 2), 16)},
+                    {"$d": [["w", {"$t": "w"}]]})
+
+
+def golden_commit() -> Commit:
+    return Commit(manifest=MANIFEST_ID, parents=(), message="first", author="A <a@b>",
+                  time="2026-01-01T00:00:00.000000Z", hparams={"lr": 0.001},
+                  metrics={"return": 1.5}, step=3)
+
+
+def test_header_is_64_bytes_and_parses_back():
+    h = header("tensor", 123)
+    assert len(h) == HEADER_SIZE
+    assert h.startswith(b"vrl1 tensor 123 ") and h.endswith(b"\n")
+    assert parse_header(h) == ("tensor", 123)
+
+
+def test_bad_header_is_reported_as_corruption():
+    with pytest.raises(CorruptObjectError):
+        parse_header(b"not an object at all")
+
+
+def test_golden_tensor_id_is_blake3_of_header_and_payload():
+    assert hash_object("tensor", PAYLOAD) == TENSOR_ID
+    assert blake3.blake3(header("tensor", 16) + PAYLOAD).hexdigest() == TENSOR_ID
+    assert hash_object("tensor", b"") == \
+        "6c4f5087d5316283772321f41b5da0969909ef0d87a9c07e6d228a4e9ccf1c40"
+
+
+def test_kind_is_part_of_the_id():
+    assert hash_object("manifest", PAYLOAD) != hash_object("tensor", PAYLOAD)
+
+
+def test_golden_manifest_bytes_and_id():
+    m = golden_manifest()
+    assert m.to_bytes() == (
+        b'{"format":1,"tensors":{"w":{"dtype":"float32","id":"' + TENSOR_ID.encode()
+        + b'","nbytes":16,"shape":[2,2]}},"tree":{"$d":[["w",{"$t":"w"}]]}}')
+    assert hash_object("manifest", m.to_bytes()) == MANIFEST_ID
+    assert Manifest.from_bytes(m.to_bytes()) == m
+
+
+def test_golden_commit_id_and_round_trip():
+    c = golden_commit()
+    assert hash_object("commit", c.to_bytes()) == COMMIT_ID
+    assert Commit.from_bytes(c.to_bytes()) == c
+
+
+def test_canonical_json_is_order_independent_and_compact():
+    assert canonical_json({"b": 1, "a": [1.5, "é"]}) == canonical_json({"a": [1.5, "é"], "b": 1})
+    assert canonical_json({"b": 1, "a": 2}) == b'{"a":2,"b":1}'
+
+
+def test_non_finite_metrics_are_stored_as_strings():
+    c = Commit(MANIFEST_ID, (), "m", "a", "t", metrics={"loss": float("nan"),
+                                                       "r": float("inf")})
+    back = Commit.from_bytes(c.to_bytes())
+    assert back.metrics == {"loss": "nan", "r": "inf"}
+
+
+def test_garbage_commit_is_reported_as_corruption():
+    with pytest.raises(CorruptObjectError):
+        Commit.from_bytes(b"{not json")
+    with pytest.raises(CorruptObjectError):
+        Commit.from_bytes(b'{"format":1}')

@@ -188,7 +188,7 @@ def config_from_dict(algo: str, values: dict[str, Any]) -> PPOConfig:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``key=value`` and parse the value as a YAML scalar (``1e-3``, ``true``, ``[64,64]``)."""
+    """Split ``key=value``; the value is parsed as YAML (``1e-3``, ``true``, ``[64,64]``)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not key=value")

@@ -1,4 +1,7 @@
-"""Warehouse floor plans as text: ``#`` shelf or wall, ``.`` aisle, ``P`` pick-up, ``D`` drop-off."""
+"""Warehouse floor plans as text.
+
+``#`` shelf or wall, ``.`` aisle, ``P`` pick-up station, ``D`` drop-off station.
+"""
 
 from __future__ import annotations
 
@@ -59,13 +62,14 @@ class Layout:
 
 def warehouse_layout(
     blocks_x: int = 4, blocks_y: int = 3, block_w: int = 4, block_h: int = 2, margin: int = 2,
-    aisle: int = 1,
+    aisle: int = 2,
 ) -> Layout:
     """Shelf blocks separated by aisles, with a margin of aisle around them.
 
-    Aisles between blocks are ``aisle`` cells wide. Pick-up stations are the aisle cells just above and below the middle of each shelf
-    block; drop-off stations are every other cell of the left and right outer columns.
-    The default is 23 x 12 with 48 shelf cells, 24 pick-ups and 12 drop-offs.
+    Aisles between blocks are ``aisle`` cells wide. Pick-up stations are the aisle cells
+    just above and below the middle of each shelf block; drop-off stations are every
+    other cell of the left and right outer columns.
+    The default is 26 x 14: two-lane aisles, 96 shelf cells, 24 pick-ups, 12 drop-offs.
     """
     inner_w = blocks_x * block_w + (blocks_x - 1) * aisle
     inner_h = blocks_y * block_h + (blocks_y - 1) * aisle

@@ -68,7 +68,7 @@ class WarehouseConfig:
     gamma: float = 0.99
     """discount used by the shaping term"""
     layout: list[str] | None = None
-    """floor plan rows (see layouts.py); None: the default 23 x 12 warehouse"""
+    """floor plan rows (see layouts.py); None: the default 26 x 14 warehouse"""
     layout_kwargs: dict[str, int] = field(default_factory=dict)
     """arguments of ``warehouse_layout`` when ``layout`` is None"""
 

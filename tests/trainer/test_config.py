@@ -1,0 +1,76 @@
+import pytest
+
+from trainer.config import (
+    ConfigError,
+    GSPOConfig,
+    PPOConfig,
+    config_to_dict,
+    load_config,
+    parse_override,
+)
+
+
+def test_gspo_defaults_are_the_seeds():
+    c = GSPOConfig()
+    assert (c.gamma, c.gae_lambda, c.epsilon_base, c.epsilon_decay) == (0.99, 0.95, 0.2, 0.995)
+    assert (c.max_grad_norm, c.hessian_interval, c.update_epochs) == (0.3, 5, 10)
+    assert (c.num_minibatches, c.num_steps) == (32, 2048)
+    assert 0 < c.epsilon_min < c.epsilon_base
+
+
+def test_every_field_has_a_docstring():
+    import ast
+    import inspect
+
+    import trainer.config as mod
+
+    tree = ast.parse(inspect.getsource(mod))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
+            body = node.body
+            for i, stmt in enumerate(body):
+                if isinstance(stmt, ast.AnnAssign):
+                    nxt = body[i + 1] if i + 1 < len(body) else None
+                    assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), (
+                        f"{node.name}.{stmt.target.id} has no docstring")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("learning_rate=1e-3", ("learning_rate", 1e-3)),
+    ("anneal_lr=false", ("anneal_lr", False)),
+    ("hidden_sizes=[32, 16]", ("hidden_sizes", [32, 16])),
+    ("target_kl=null", ("target_kl", None)),
+    ("env.num_agents=5", ("env.num_agents", 5)),
+])
+def test_parse_override(text, expected):
+    assert parse_override(text) == expected
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algo: gspo\nnum_steps: 64\nlearning_rate: 1\nenv:\n  num_agents: 4\n")
+    cfg = load_config("gspo", path, ["num_steps=32", "env.max_steps=10", "replay=false"])
+    assert isinstance(cfg, GSPOConfig)
+    assert cfg.num_steps == 32 and cfg.learning_rate == 1.0
+    assert isinstance(cfg.learning_rate, float)
+    assert cfg.env == {"num_agents": 4, "max_steps": 10}
+    assert cfg.replay is False
+    assert config_to_dict(cfg)["algo"] == "gspo"
+
+
+@pytest.mark.parametrize("override", ["nope=1", "num_steps=1.5", "anneal_lr=3",
+                                      "hidden_sizes=4", "gamma=abc", "novalue"])
+def test_bad_overrides_are_rejected(override):
+    with pytest.raises(ConfigError):
+        load_config("ppo", None, [override])
+
+
+def test_unknown_algo():
+    with pytest.raises(ConfigError):
+        load_config("a2c")
+
+
+def test_ppo_has_no_gspo_fields():
+    with pytest.raises(ConfigError):
+        load_config("ppo", None, ["shaper=true"])
+    assert PPOConfig().clip_coef == 0.2

@@ -7,6 +7,7 @@ import sys
 import click
 
 from vrl.cli._common import echo_json, json_option, pass_repo
+from vrl.diff import human_bytes
 from vrl.repo import Repo
 
 
@@ -26,7 +27,7 @@ def gc(repo: Repo, grace: float | None, dry_run: bool, expire_reflog: bool,
         echo_json({"objects": count, "bytes": freed, "dry_run": dry_run})
         return
     verb = "Would remove" if dry_run else "Removed"
-    click.echo(f"{verb} {count} unreachable objects ({freed / 1e6:.1f} MB)")
+    click.echo(f"{verb} {count} unreachable objects ({human_bytes(freed)})")
 
 
 @click.command()

@@ -17,6 +17,7 @@ from vrl.cli._common import (
     render_diff,
     short,
 )
+from vrl.diff import human_bytes
 from vrl.errors import CheckpointError, VrlError
 from vrl.repo import Repo
 
@@ -136,7 +137,7 @@ def export(repo: Repo, rev: str, file: str) -> None:
     manifest = repo.read_manifest(repo.read_commit(oid).manifest)
     write_checkpoint(repo.load(oid), file)
     click.echo(f"Exported {short(oid)} to {file} ({len(manifest.tensors)} tensors, "
-               f"{manifest.nbytes / 1e6:.1f} MB)")
+               f"{human_bytes(manifest.nbytes)})")
 
 
 @click.command()

@@ -1,0 +1,157 @@
+"""The command line: exact output and exit codes (in-process through vrl.cli.main)."""
+
+import json
+
+import pytest
+import torch
+from helpers import small_policy
+
+from vrl.cli import main
+from vrl.workspace import write_checkpoint
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VRL_AUTHOR", "tester")
+    return tmp_path
+
+
+def vrl(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def save_policy(seed=0, bump=0.0):
+    sd = small_policy(seed).state_dict()
+    sd["2.bias"] = sd["2.bias"] + bump
+    write_checkpoint(sd, "policy.safetensors")
+
+
+def test_full_session(ws, capsys):
+    code, out, _ = vrl(capsys, "init")
+    assert code == 0 and out == f"Initialized empty vrl repository in {ws / '.vrl'}\n"
+    save_policy()
+    code, out, _ = vrl(capsys, "status")
+    assert out == ("On branch main\nNo commits yet\n"
+                   "policy.safetensors: not committed yet (vrl commit)\n")
+    code, out, _ = vrl(capsys, "commit", "-m", "first", "--step", "1", "--set", "lr=0.001",
+                       "--metric", "return=2.5", "--no-env")
+    assert code == 0
+    first = out.split()[2].rstrip("]")
+    assert out == f"[main (root-commit) {first}] first\n 2 of 2 layers changed materially; " \
+                  "1.7 kB of 1.7 kB new\n"
+    code, out, _ = vrl(capsys, "status")
+    assert out == "On branch main\npolicy.safetensors: no changes since HEAD\n"
+    save_policy(bump=1.0)
+    code, out, _ = vrl(capsys, "status")
+    assert out.splitlines()[1] == "policy.safetensors: modified since HEAD"
+    assert out.splitlines()[2].split() == ["layer", "shape", "status", "rel", "change", "max",
+                                           "abs", "material"]
+    assert out.splitlines()[3].split()[:4] == ["2", "4x32,", "4", "changed"]
+    code, out, err = vrl(capsys, "checkout", "HEAD")
+    assert code == 1 and out == "" and err == (
+        "error: policy.safetensors has uncommitted changes; commit them, or use --force "
+        "to discard them\n")
+    code, out, _ = vrl(capsys, "commit", "-m", "second", "--step", "2", "--metric", "return=3",
+                       "--no-env")
+    second = out.split()[1].rstrip("]")
+    assert out.endswith(" 1 of 2 layers changed materially; 16 B of 1.7 kB new\n")
+    code, out, _ = vrl(capsys, "log", "--oneline")
+    assert out == f"{second} (HEAD -> main) second\n{first} first\n"
+    code, out, _ = vrl(capsys, "log", "--metrics", "return")
+    assert out.splitlines() == [
+        "commit        step  return  message", f"{second}  2     3       second",
+        f"{first}  1     2.5     first"]
+    code, out, _ = vrl(capsys, "log", "--json")
+    data = json.loads(out)
+    assert [d["message"] for d in data] == ["second", "first"]
+    assert data[0]["metrics"] == {"return": 3}
+    code, out, _ = vrl(capsys, "diff", "HEAD~1", "HEAD")
+    lines = out.splitlines()
+    assert lines[1].split()[:4] == ["2", "4x32,", "4", "changed"] and lines[1].endswith("yes")
+    assert lines[-1] == "1 of 2 layers changed materially; 16 B of 1.7 kB new"
+    code, out, _ = vrl(capsys, "diff", "HEAD~1", "HEAD", "--threshold", "100")
+    assert out.splitlines()[-1].startswith("0 of 2 layers changed materially")
+    code, out, _ = vrl(capsys, "show", "HEAD~1")
+    assert "Hyperparameters:\n  lr: 0.001" in out and "Metrics:\n  return: 2.5" in out
+    code, out, _ = vrl(capsys, "show", "--json")
+    assert json.loads(out)["id"].startswith(second)
+    code, out, _ = vrl(capsys, "tag", "best", "HEAD~1")
+    assert out == f"Tagged {first} as best\n"
+    code, out, _ = vrl(capsys, "reset", "--hard", "best")
+    assert out == f"HEAD is now at {first} first\n(was {second}; `vrl reset {second}` " \
+                  "undoes this)\n"
+    code, out, _ = vrl(capsys, "status")
+    assert out == "On branch main\npolicy.safetensors: no changes since HEAD\n"
+    code, out, _ = vrl(capsys, "reflog")
+    assert out.splitlines() == [f"{first} HEAD@{{0}}: reset: moving to best",
+                                f"{second} HEAD@{{1}}: commit: second",
+                                f"{first} HEAD@{{2}}: commit: first"]
+    code, out, _ = vrl(capsys, "checkout", "-b", "exp", second)
+    assert out == "Switched to a new branch 'exp'\nWrote policy.safetensors\n"
+    code, out, _ = vrl(capsys, "branch")
+    assert out == f"* exp  {second} second\n  main  {first} first\n"
+    code, out, _ = vrl(capsys, "branch", "--json")
+    assert json.loads(out) == {"current": "exp", "branches": {
+        "exp": json.loads(vrl(capsys, "log", "-n", "1", "--json")[1])[0]["id"],
+        "main": json.loads(vrl(capsys, "log", "main", "-n", "1", "--json")[1])[0]["id"]}}
+    code, out, _ = vrl(capsys, "export", "main", "out.pt")
+    assert out == f"Exported {first} to out.pt (4 tensors, 1.7 kB)\n"
+    loaded = torch.load("out.pt", weights_only=True)
+    assert torch.equal(loaded["2.bias"], small_policy().state_dict()["2.bias"])
+    code, out, _ = vrl(capsys, "fsck")
+    assert code == 0 and out == "checked 9 objects: ok\n"
+    code, out, _ = vrl(capsys, "gc", "--grace", "0")
+    assert code == 0 and out == "Removed 0 unreachable objects (0 B)\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["log"], "error: not a vrl repository"),
+    (["commit", "-m", "x"], "error: not a vrl repository"),
+])
+def test_not_a_repository(ws, capsys, args, message):
+    code, out, err = vrl(capsys, *args)
+    assert code == 1 and err.startswith(message) and err.count("\n") == 1
+
+
+def test_errors_are_one_line_with_exit_code_1(ws, capsys):
+    vrl(capsys, "init")
+    cases = {
+        ("show", "nope"): "error: unknown revision 'nope': not a branch, tag or commit id",
+        ("commit",): "error: ",
+        ("commit", "missing.safetensors"): "error: missing.safetensors: no such checkpoint",
+        ("branch", "a..b"): "error: invalid branch name 'a..b'",
+        ("tag", "-d", "nope"): "error: ",
+    }
+    for args, prefix in cases.items():
+        code, out, err = vrl(capsys, *args)
+        assert code == 1, args
+        assert err.startswith(prefix) and err.count("\n") == 1, (args, err)
+    save_policy()
+    vrl(capsys, "commit", "-m", "a", "--no-env")
+    code, out, err = vrl(capsys, "commit", "-m", "b", "--no-env")
+    assert code == 1 and err.startswith("error: nothing changed since HEAD")
+    code, out, err = vrl(capsys, "commit", "-m", "b", "--no-env", "--allow-empty")
+    assert code == 0
+    for bad in ["..", "/a", "a/", "x\x07", "refs/../x"]:
+        code, out, err = vrl(capsys, "branch", bad)
+        assert code == 1 and "invalid branch name" in err
+    assert sorted(p.name for p in (ws / ".vrl" / "refs" / "heads").iterdir()) == ["main"]
+
+
+def test_pickle_checkpoint_refused_and_nothing_written(ws, capsys):
+    vrl(capsys, "init")
+    torch.save({"w": torch.ones(2), "f": print}, "evil.pt")
+    before = sorted(p for p in (ws / ".vrl").rglob("*"))
+    code, out, err = vrl(capsys, "commit", "evil.pt", "-m", "x")
+    assert code == 1 and "never unpickles" in err and err.count("\n") == 1
+    assert sorted(p for p in (ws / ".vrl").rglob("*")) == before
+
+
+def test_help_lists_commands(ws, capsys):
+    code, out, _ = vrl(capsys, "--help")
+    for name in ["init", "commit", "checkout", "export", "log", "show", "diff", "status",
+                 "branch", "tag", "reset", "reflog", "gc", "fsck", "train"]:
+        assert f"  {name} " in out

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from trainer.config import PPOConfig
+from trainer.config import GSPOConfig, PPOConfig
 from trainer.envs.warehouse import WarehouseEnv
 from trainer.hooks import Hook, MetricsRecorder
 from trainer.train import Trainer
@@ -56,7 +56,7 @@ def params(trainer):
     return [p.detach().clone() for p in trainer.agent.parameters()]
 
 
-@pytest.mark.parametrize("config_cls", [PPOConfig])
+@pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
 def test_resume_from_state_dict_is_bit_identical(config_cls):
     extra = {} if config_cls is PPOConfig else {"hessian_interval": 2}
     a = small_warehouse_trainer(config_cls, **extra)

@@ -248,6 +248,7 @@ class PPO:
                     b_returns[mb_inds], b_values[mb_inds], clip_coef=self.clip_coef,
                     ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, clip_vloss=cfg.clip_vloss,
                     norm_adv=cfg.norm_adv, weights=mb_weights)
+                self.current_outputs = outputs
                 _, grad_norm = self.optimize(loss)
                 self.after_minibatch(mb_inds, mb_weights, outputs)
                 stats["losses/grad_norm"] = grad_norm.detach().float()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import heapq
 import json
+import mmap
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -97,6 +98,11 @@ class Repo:
         # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
         # remotes install a fetcher here.
         self.fetch_missing: Callable[[list[ObjectId]], None] | None = None
+        promisor = self.config.get("core", "promisor")
+        if promisor:  # a partial clone: missing objects download from this remote on demand
+            from vrl.remote.transfer import install_lazy_fetcher
+
+            install_lazy_fetcher(self, promisor)
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -148,29 +154,33 @@ class Repo:
             return self.objects.read(oid)
 
     def load_entry(self, entry: TensorEntry) -> Any:
-        """A tensor from the store: memory-mapped (copy-on-write) when large."""
+        """A tensor from the store: memory-mapped (copy-on-write, private) when large."""
         from vrl.tensors import tensor_from_buffer
 
-        if not self.objects.has(entry.id):
-            self._fetch_or_fail([entry])
         if entry.nbytes < MMAP_MIN:
-            kind, payload = self.objects.read(entry.id)
+            try:
+                kind, payload = self.objects.read(entry.id)
+            except ObjectNotFoundError:
+                self._fetch_or_fail([entry])
+                kind, payload = self.objects.read(entry.id)
             return tensor_from_buffer(payload, entry.dtype, entry.shape)
-        import numpy as np
-
-        path = self.objects.path(entry.id)
         try:
-            if path.stat().st_size != HEADER_SIZE + entry.nbytes:
-                raise ValueError
-            arr = np.memmap(path, dtype=np.uint8, mode="c", offset=HEADER_SIZE,
-                            shape=(entry.nbytes,))
-        except (ValueError, OSError) as exc:
-            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or "
-                                     "unreadable; run `vrl fsck`") from exc
-        if self.objects.verify_reads and hash_object("tensor", arr, threads=True) != entry.id:
+            fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
+        except FileNotFoundError:
+            self._fetch_or_fail([entry])
+            fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size != HEADER_SIZE + entry.nbytes:
+                raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
+                                         "wrong size; run `vrl fsck`")
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        if self.objects.verify_reads and hash_object("tensor", memoryview(mapped)[HEADER_SIZE:],
+                                                     threads=True) != entry.id:
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
                                      "match its id (run `vrl fsck`)")
-        return tensor_from_buffer(arr, entry.dtype, entry.shape)
+        return tensor_from_buffer(mapped, entry.dtype, entry.shape, offset=HEADER_SIZE)
 
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]
@@ -266,9 +276,25 @@ class Repo:
 
         With write=False nothing is stored (used to compare a workspace file with HEAD).
         """
-        from vrl.tensors import flatten, probe, tensor_bytes, to_state
+        from vrl.tensors import flatten, to_state
 
         tensors, tree, ties = flatten(to_state(state))
+        with self.objects.batch():
+            entries, new_ids = self._store_tensors(tensors, ties, rehash, write)
+            manifest = Manifest(entries, tree)
+            payload = manifest.to_bytes()
+            mid = hash_object("manifest", payload)
+            if write:
+                if not self.objects.has(mid):
+                    new_ids.add(mid)
+                self.objects.write("manifest", payload, mid)
+                self._manifests[mid] = manifest
+        return mid, manifest, new_ids
+
+    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], rehash: bool,
+                       write: bool) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
+        from vrl.tensors import probe, tensor_bytes
+
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
         for name, value in tensors.items():
@@ -288,22 +314,16 @@ class Repo:
             if entry is None:
                 buf, dtype, shape, _keep = tensor_bytes(value)
                 oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
-                if write and not self.objects.has(oid):
+                # touch(): a reused object must look young, or a concurrent gc may delete
+                # it (it can be unreachable and old) before our ref points at it
+                if write and not self.objects.touch(oid):
                     self.objects.write("tensor", buf, oid)
                     new_ids.add(oid)
                 entry = TensorEntry(oid, dtype, shape, buf.nbytes)
                 if key is not None and write:
                     self._known[key] = (value._version, probe(value), entry)
             entries[name] = entry
-        manifest = Manifest(entries, tree)
-        payload = manifest.to_bytes()
-        mid = hash_object("manifest", payload)
-        if write:
-            if not self.objects.has(mid):
-                new_ids.add(mid)
-            self.objects.write("manifest", payload, mid)
-            self._manifests[mid] = manifest
-        return mid, manifest, new_ids
+        return entries, new_ids
 
     @staticmethod
     def _cache_key(value: Any) -> tuple | None:
@@ -378,7 +398,10 @@ class Repo:
     def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
         if unflatten is None:
             from vrl.tensors import unflatten
-        self._fetch_or_fail(list(manifest.tensors.values()))
+        if self.fetch_missing is not None:  # fetch what is missing in one batch
+            missing = [e for e in manifest.tensors.values() if not self.objects.has(e.id)]
+            if missing:
+                self._fetch_or_fail(missing)
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
             tensors[name] = tensors[entry.tie] if entry.tie else self.load_entry(entry)

@@ -152,19 +152,19 @@ def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     return memoryview(raw.numpy()), _dtype_name(t.dtype), tuple(t.shape), t
 
 
-def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    """A tensor (or ndarray) viewing `buf` (bytes-like or a uint8 numpy array)."""
+def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int = 0) -> Any:
+    """A tensor (or ndarray) viewing `buf` (any writable or read-only buffer) from `offset`."""
+    nbytes = len(memoryview(buf).cast("B")) - offset
     if dtype.startswith("numpy:"):
-        arr = np.frombuffer(buf, dtype=np.dtype(dtype[6:])) if not isinstance(buf, np.ndarray) \
-            else buf.view(np.dtype(dtype[6:]))
-        return arr.reshape(shape)
+        return np.frombuffer(buf, dtype=np.dtype(dtype[6:]), offset=offset,
+                             count=nbytes // np.dtype(dtype[6:]).itemsize).reshape(shape)
     tdtype = torch_dtype(dtype)
-    if isinstance(buf, np.ndarray):
-        raw = torch.from_numpy(buf)
-    elif len(buf) == 0:
+    if nbytes == 0:
         return torch.empty(shape, dtype=tdtype)
-    else:
-        raw = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+    if isinstance(buf, bytes):  # read-only: copy so the tensor may be written in place
+        buf = bytearray(memoryview(buf)[offset:])
+        offset = 0
+    raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
     return raw.view(tdtype).reshape(shape)
 
 

@@ -1,0 +1,262 @@
+"""Store benchmark: vrl against the strongest baselines measured in the same run.
+
+    python bench/store_bench.py [--runs 5] [--dvc PATH_TO_DVC] [--out bench/out/store_bench.json]
+
+Models: 100 float32 tensors of 1M elements (400 MB) and a small RL policy (~1 MB).
+Every figure is the median of --runs runs. Ratios are vrl time / baseline time (lower is
+better). The page cache is warm for every contender; nobody but vrl fsyncs, so vrl is
+reported with fsync on (its default, durable) and off (as the baselines write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vrl import Repo
+
+
+def median_time(fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
+                ) -> float:
+    times = []
+    for _ in range(runs):
+        if setup:
+            setup()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def big_model() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {f"layers.{i}.weight": torch.randn(1000, 1000, generator=g) for i in range(100)}
+
+
+def small_policy() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.ModuleDict({
+        "actor": torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                     torch.nn.Linear(256, 256), torch.nn.Tanh(),
+                                     torch.nn.Linear(256, 5)),
+        "critic": torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                      torch.nn.Linear(256, 256), torch.nn.Tanh(),
+                                      torch.nn.Linear(256, 1)),
+    })
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def touch_all(tensors: dict[str, torch.Tensor]) -> float:
+    return sum(float(t.sum()) for t in tensors.values())
+
+
+def store_size(repo: Repo) -> int:
+    return sum(p.stat().st_size for p in (repo.vrl_dir / "objects").rglob("*") if p.is_file())
+
+
+def bench_model(name: str, state: dict[str, torch.Tensor], work: Path, runs: int
+                ) -> dict[str, float]:
+    r: dict[str, float] = {"bytes": sum(t.numel() * t.element_size() for t in state.values())}
+    st_path, pt_path = work / "m.safetensors", work / "m.pt"
+    r["safetensors_save"] = median_time(lambda: save_file(state, str(st_path)), runs)
+    r["torch_save"] = median_time(lambda: torch.save(state, pt_path), runs)
+
+    def fresh(fsync: bool) -> Callable[[], None]:
+        def setup() -> None:
+            shutil.rmtree(work / "repo", ignore_errors=True)
+            Repo.init(work / "repo")
+            holder["repo"] = Repo(work / "repo", fsync=fsync)
+        return setup
+
+    holder: dict[str, Repo] = {}
+    r["vrl_first_commit"] = median_time(lambda: holder["repo"].commit(state, env=False),
+                                        runs, fresh(True))
+    r["vrl_first_commit_nofsync"] = median_time(
+        lambda: holder["repo"].commit(state, env=False), runs, fresh(False))
+
+    # incremental: one of the tensors changes in place between commits (as a training
+    # step would), the repository stays open, fsync on, environment captured
+    fresh(True)()
+    repo = holder["repo"]
+    repo.commit(state, env=False)
+    victim = next(iter(state.values()))
+    growth = []
+
+    def change() -> None:
+        victim.add_(0.001)
+        holder["size"] = store_size(repo)  # type: ignore[assignment]
+
+    def incremental() -> None:
+        repo.commit(state)
+
+    times = []
+    for _ in range(runs):
+        change()
+        start = time.perf_counter()
+        incremental()
+        times.append(time.perf_counter() - start)
+        growth.append(store_size(repo) - holder["size"])  # type: ignore[operator]
+    r["vrl_incremental_commit"] = statistics.median(times)
+    r["store_growth_per_incremental"] = statistics.median(growth)
+    r["changed_tensor_bytes"] = victim.numel() * victim.element_size()
+
+    save_file(state, str(st_path))
+    r["safetensors_load"] = median_time(lambda: load_file(str(st_path)), runs * 3)
+    r["vrl_load"] = median_time(lambda: repo.load("HEAD"), runs * 3)
+    r["safetensors_load_touch"] = median_time(lambda: touch_all(load_file(str(st_path))), runs)
+    r["vrl_load_touch"] = median_time(lambda: touch_all(repo.load("HEAD")), runs)
+    r["vrl_fresh_open_load"] = median_time(lambda: Repo(work / "repo").load("HEAD"), runs * 3)
+    print(f"  {name}: done", file=sys.stderr)
+    return r
+
+
+def bench_dvc(dvc: str, state: dict[str, torch.Tensor], work: Path, runs: int
+              ) -> dict[str, float]:
+    """`dvc add` of a whole-file checkpoint and of a per-layer folder: first and after one
+    tensor changed (DVC hashes and caches the whole file / the changed file)."""
+    out: dict[str, float] = {}
+    for layout in ("file", "folder"):
+        firsts, seconds = [], []
+        for _ in range(runs):
+            proj = work / f"dvc-{layout}"
+            shutil.rmtree(proj, ignore_errors=True)
+            proj.mkdir()
+            subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
+            subprocess.run([dvc, "init", "-q"], cwd=proj, check=True)
+            target = "m.safetensors" if layout == "file" else "layers"
+            state_copy = {k: v.clone() for k, v in state.items()}
+
+            def write(st: dict[str, torch.Tensor]) -> None:
+                if layout == "file":
+                    save_file(st, str(proj / target))
+                else:
+                    (proj / target).mkdir(exist_ok=True)
+                    for k, v in st.items():
+                        save_file({k: v}, str(proj / target / f"{k}.safetensors"))
+
+            write(state_copy)
+            start = time.perf_counter()
+            subprocess.run([dvc, "add", "-q", target], cwd=proj, check=True)
+            firsts.append(time.perf_counter() - start)
+            next(iter(state_copy.values())).add_(0.001)
+            write(state_copy)
+            start = time.perf_counter()
+            subprocess.run([dvc, "add", "-q", target], cwd=proj, check=True)
+            seconds.append(time.perf_counter() - start)
+        out[f"dvc_add_{layout}_first"] = statistics.median(firsts)
+        out[f"dvc_add_{layout}_incremental"] = statistics.median(seconds)
+    return out
+
+
+def bench_log(work: Path, runs: int, commits: int = 1000) -> dict[str, float]:
+    path = work / "log-repo"
+    shutil.rmtree(path, ignore_errors=True)
+    Repo.init(path)
+    repo = Repo(path, fsync=False)
+    state = small_policy()
+    key = "actor.4.bias"
+    for i in range(commits):
+        state[key] = state[key] + 0.01
+        repo.commit(state, message=f"iter {i}", step=i, metrics={"return": float(i)},
+                    env=False)
+    vrl = shutil.which("vrl") or str(Path(sys.executable).parent / "vrl")
+    out = {}
+    for label, args in (("vrl_log_oneline_1000", ["log", "--oneline"]),
+                        ("vrl_log_full_1000", ["log"]),
+                        ("vrl_log_metrics_1000", ["log", "--metrics", "return"])):
+        out[label] = median_time(lambda a=args: subprocess.run(
+            [vrl, "-C", str(path), *a], check=True, stdout=subprocess.DEVNULL), runs)
+    out["python_startup"] = median_time(lambda: subprocess.run(
+        [sys.executable, "-c", "pass"], check=True), runs)
+    return out
+
+
+def table(results: dict) -> str:
+    rows = []
+    for name in ("big", "small"):
+        r = results[name]
+        label = "400 MB, 100 tensors" if name == "big" else f"policy {r['bytes'] / 1e6:.1f} MB"
+        rows += [
+            (label, "first commit (fsync) / safetensors.save_file", r["vrl_first_commit"],
+             r["safetensors_save"], "<= 1.5"),
+            (label, "first commit (no fsync) / safetensors.save_file",
+             r["vrl_first_commit_nofsync"], r["safetensors_save"], "<= 1.5"),
+            (label, "incremental commit, 1 tensor changed / torch.save",
+             r["vrl_incremental_commit"], r["torch_save"], "<= 0.1"),
+            (label, "restore (memory-mapped) / safetensors load_file", r["vrl_load"],
+             r["safetensors_load"], "<= 1.2"),
+            (label, "restore + read every byte / same for load_file", r["vrl_load_touch"],
+             r["safetensors_load_touch"], "-"),
+        ]
+        for key in ("dvc_add_file_first", "dvc_add_folder_first"):
+            if key in r:
+                rows.append((label, f"first commit / `dvc add` ({key.split('_')[2]})",
+                             r["vrl_first_commit"], r[key], "-"))
+        for key in ("dvc_add_file_incremental", "dvc_add_folder_incremental"):
+            if key in r:
+                rows.append((label, f"incremental commit / `dvc add` ({key.split('_')[2]})",
+                             r["vrl_incremental_commit"], r[key], "-"))
+    lines = ["| model | measurement | vrl | baseline | ratio | goal |",
+             "|---|---|---|---|---|---|"]
+    for label, what, ours, base, goal in rows:
+        lines.append(f"| {label} | {what} | {ours * 1e3:.1f} ms | {base * 1e3:.1f} ms | "
+                     f"{ours / base:.2f}x | {goal} |")
+    lg = results["log"]
+    for name in ("big", "small"):
+        r = results[name]
+        lines.append(f"| {'400 MB' if name == 'big' else 'policy'} | store growth per "
+                     f"incremental commit | {r['store_growth_per_incremental']:,.0f} B | "
+                     f"changed tensor {r['changed_tensor_bytes']:,} B | "
+                     f"+{r['store_growth_per_incremental'] - r['changed_tensor_bytes']:,.0f} B"
+                     " | = changed + metadata |")
+    for key in ("vrl_log_oneline_1000", "vrl_log_full_1000", "vrl_log_metrics_1000"):
+        lines.append(f"| 1,000 commits | `{key[4:-5].replace('_', ' --')}` wall time "
+                     f"(python startup {lg['python_startup'] * 1e3:.0f} ms) | "
+                     f"{lg[key] * 1e3:.0f} ms | - | - | < 300 ms |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--dvc", default=shutil.which("dvc"),
+                        help="path to the dvc executable (default: on PATH)")
+    parser.add_argument("--out", default="bench/out/store_bench.json")
+    parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    work = Path(args.work or tempfile.mkdtemp(prefix="vrl-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict = {"runs": args.runs, "torch": torch.__version__, "cpus": os.cpu_count()}
+    try:
+        for name, make in (("small", small_policy), ("big", big_model)):
+            state = make()
+            results[name] = bench_model(name, state, work, args.runs)
+            if args.dvc:
+                results[name].update(bench_dvc(args.dvc, state, work, max(1, args.runs // 2)))
+            del state
+        results["log"] = bench_log(work, args.runs)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

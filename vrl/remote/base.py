@@ -1,0 +1,166 @@
+"""The small interface every remote implements, over keys relative to the remote's root.
+
+A remote has the repository layout: `objects/ab/cdef...` (each file byte-identical to the
+local object file), `refs/heads/...`, `refs/tags/...` and `HEAD`. Implementations only
+need atomic whole-key writes and a compare-and-swap on small keys (refs); the transfer
+logic in `vrl.remote.transfer` builds push/fetch on top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import re
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vrl.errors import RefConflictError, VrlError
+from vrl.objects import ObjectId
+from vrl.remote.errors import (
+    RemoteAuthError,
+    RemoteError,
+    RemoteUnreachableError,
+)
+
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:]*):[^/@]*@")
+
+
+def redact(text: str) -> str:
+    """Hide any password embedded in a URL (`user:secret@host` -> `user:***@host`)."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+
+
+def object_key(oid: ObjectId | str) -> str:
+    return f"objects/{oid[:2]}/{oid[2:]}"
+
+
+class KeyMissing(Exception):
+    """Internal: a key is absent on the remote."""
+
+
+class RemoteStore(ABC):
+    """Whole-key storage with atomic writes and compare-and-swap on small keys.
+
+    `guarantee` says, in one line, what concurrent writers can rely on with this backend.
+    """
+
+    url: str = ""
+    guarantee: str = ""
+
+    # ---------------------------------------------------------------- plain keys
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The bytes of `key`; raise KeyMissing if absent."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Create or replace `key` atomically: readers see the old bytes or all new ones."""
+
+    def put_file(self, key: str, local: Path) -> None:
+        """Upload a local file as `key` (atomically). Backends stream where they can."""
+        self.put(key, Path(local).read_bytes())
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (recursive), excluding temp and lock files."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    # ---------------------------------------------------------------- small mutable keys
+    @abstractmethod
+    def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
+        """(bytes or None if absent, an opaque version token for `swap`)."""
+
+    @abstractmethod
+    def swap(self, key: str, data: bytes, expected: Any) -> None:
+        """Replace `key` only if it still has the version `expected` (None: still absent).
+
+        Raise RefConflictError if it changed.
+        """
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
+        """Release connections."""
+
+    # ---------------------------------------------------------------- refs
+    def read_ref(self, name: str) -> tuple[ObjectId | None, Any]:
+        data, token = self.read_versioned(name)
+        text = data.decode("ascii", "replace").strip() if data else ""
+        return (ObjectId(text) if text else None), token
+
+    def cas_ref(self, name: str, new: ObjectId, expected: Any) -> None:
+        self.swap(name, f"{new}\n".encode(), expected)
+
+    def list_refs(self) -> dict[str, ObjectId]:
+        """Every ref under refs/ and its value."""
+        out: dict[str, ObjectId] = {}
+        for key in sorted(self.list("refs/")):
+            value, _ = self.read_ref(key)
+            if value:
+                out[key] = value
+        return out
+
+    def has_object(self, oid: ObjectId) -> bool:
+        return self.exists(object_key(oid))
+
+    # ---------------------------------------------------------------- errors
+    @contextlib.contextmanager
+    def guard(self, doing: str) -> Iterator[None]:
+        """Turn backend exceptions into one-line RemoteErrors (credentials never shown)."""
+        try:
+            yield
+        except (VrlError, KeyMissing):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every backend raises its own types
+            raise translate(exc, self.url, doing) from exc
+
+
+_AUTH_NAMES = ("NoCredentialsError", "PartialCredentialsError", "PermissionDenied",
+               "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+               "DefaultCredentialsError", "ClientAuthenticationError", "KeyImportError")
+_NET_NAMES = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+              "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError",
+              "ConnectionLost", "DisconnectError", "ChannelOpenError", "TimeoutError",
+              "ConnectionError", "ClientOSError", "ProxyConnectionError")
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def translate(exc: BaseException, url: str, doing: str) -> RemoteError:
+    """A one-line error for any backend failure; the URL is redacted."""
+    where = redact(url)
+    names = set()
+    cur: BaseException | None = exc
+    for _ in range(5):  # backends wrap the interesting error in their own
+        if cur is None:
+            break
+        names |= _names(cur)
+        cur = cur.__cause__ or cur.__context__
+    detail = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:200]
+    if names & set(_AUTH_NAMES) or isinstance(exc, PermissionError):
+        return RemoteAuthError(
+            f"{where}: access denied or no credentials while {doing} ({detail}); configure "
+            "the backend's usual credentials (AWS profile or env vars, SSH key or agent, "
+            "gcloud / az login)")
+    if names & set(_NET_NAMES) or isinstance(exc, (socket.gaierror, ConnectionError,
+                                                    TimeoutError)) or \
+            getattr(exc, "errno", None) in (errno.ECONNREFUSED, errno.EHOSTUNREACH,
+                                            errno.ETIMEDOUT, errno.ENETUNREACH):
+        return RemoteUnreachableError(f"{where} is unreachable while {doing} ({detail}); "
+                                      "check the URL / endpoint and that the server is up")
+    if isinstance(exc, FileNotFoundError):
+        return RemoteError(f"{where}: not found while {doing} ({detail}); check the bucket "
+                           "or path exists")
+    return RemoteError(f"{where}: error while {doing}: {type(exc).__name__}: {detail}")
+
+
+__all__ = ["RemoteStore", "KeyMissing", "RefConflictError", "object_key", "redact",
+           "translate"]

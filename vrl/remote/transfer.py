@@ -1,0 +1,591 @@
+"""Push, fetch, pull and clone between a Repo and a RemoteStore.
+
+Invariant kept on both sides: if a commit object is present, its manifest, its tensors
+(unless the side is a partial clone) and all its ancestors are present too. Push therefore
+uploads tensors, then manifests, then commits oldest first, and moves the remote ref last;
+fetch writes commits only after everything they need, oldest first. An interrupted
+transfer leaves only orphan objects, and the next run skips whatever already arrived.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import blake3
+
+from vrl.errors import CorruptObjectError, RefConflictError, VrlError
+from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, parse_header
+from vrl.refs import short_ref
+from vrl.remote.base import KeyMissing, RemoteStore, object_key, redact
+from vrl.remote.errors import NonFastForwardError, RemoteError, RemoteObjectMissingError
+from vrl.repo import Repo
+
+DEFAULT_JOBS = 8
+
+
+class Progress(Protocol):
+    """What transfers report to (the CLI passes a tqdm bar; the library default is silent)."""
+
+    def begin(self, label: str, total_bytes: int, total_objects: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class NoProgress:
+    def begin(self, label: str, total_bytes: int, total_objects: int) -> None:
+        pass
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+@dataclass
+class RefUpdate:
+    """One ref a transfer looked at: `status` is new, fast-forward, forced or up-to-date."""
+
+    ref: str
+    old: ObjectId | None
+    new: ObjectId | None
+    status: str
+
+
+@dataclass
+class TransferResult:
+    """What moved: objects per kind and bytes, plus the refs touched."""
+
+    updates: list[RefUpdate] = field(default_factory=list)
+    objects: dict[str, int] = field(default_factory=lambda: {"tensor": 0, "manifest": 0,
+                                                             "commit": 0})
+    bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"updates": [u.__dict__ for u in self.updates], "objects": self.objects,
+                "bytes": self.bytes}
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _pool_map(func: Callable[[Any], Any], items: Iterable[Any], jobs: int) -> list[Any]:
+    items = list(items)
+    if not items:
+        return []
+    if jobs <= 1 or len(items) == 1:
+        return [func(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(jobs, len(items))) as pool:
+        return list(pool.map(func, items))
+
+
+def ancestors(repo: Repo, tips: Iterable[ObjectId]) -> set[ObjectId]:
+    """Every commit reachable from `tips` that this repository has (tips included)."""
+    seen: set[ObjectId] = set()
+    stack = [t for t in tips if t]
+    while stack:
+        oid = stack.pop()
+        if oid in seen or not repo.objects.has(oid):
+            continue
+        seen.add(oid)
+        try:
+            stack.extend(repo.read_commit(oid).parents)
+        except VrlError:
+            continue
+    return seen
+
+
+def is_ancestor(repo: Repo, old: ObjectId, new: ObjectId) -> bool:
+    """True if `old` is `new` or one of its ancestors (as far as this repository knows)."""
+    if old == new:
+        return True
+    if not repo.objects.has(old):
+        return False
+    return old in ancestors(repo, [new])
+
+
+def _verify(oid: ObjectId, raw: bytes, where: str, kind: str | None = None) -> str:
+    """Check that downloaded bytes hash to their id; return the object's kind."""
+    if blake3.blake3(raw, max_threads=blake3.blake3.AUTO if len(raw) > (1 << 22) else 1
+                     ).hexdigest() != oid:
+        raise CorruptObjectError(f"object {oid} from {where} is corrupted (its bytes do not "
+                                 "hash to its id); nothing was written; repair the remote "
+                                 "by pushing from a good copy")
+    got, size = parse_header(raw)
+    if len(raw) - HEADER_SIZE != size or (kind and got != kind):
+        raise CorruptObjectError(f"object {oid} from {where} is not a valid {kind or 'object'}"
+                                 "; nothing was written")
+    return got
+
+
+def _download(store: RemoteStore, oid: ObjectId, kind: str | None = None) -> bytes:
+    try:
+        raw = store.get(object_key(oid))
+    except KeyMissing:
+        raise RemoteObjectMissingError(f"object {oid[:12]} is missing on {redact(store.url)}"
+                                       ) from None
+    _verify(oid, raw, redact(store.url), kind)
+    return raw
+
+
+def _store_raw(repo: Repo, oid: ObjectId, raw: bytes) -> None:
+    kind, _ = parse_header(raw)
+    repo.objects.write(kind, memoryview(raw)[HEADER_SIZE:], oid)
+
+
+# ------------------------------------------------------------------------------ push
+
+
+def _refspecs(repo: Repo, refs: Iterable[str], all_branches: bool, tags: bool
+              ) -> list[tuple[str, str]]:
+    """(local ref, remote ref) pairs; `a:b` pushes local a to remote b."""
+    out: list[tuple[str, str]] = []
+    for spec in refs:
+        src, _, dst = spec.partition(":")
+        local = _full_ref(repo, src)
+        out.append((local, _full_ref(repo, dst, like=local) if dst else local))
+    if all_branches:
+        out += [(r, r) for r in repo.refs.list("refs/heads/")]
+    if tags:
+        out += [(r, r) for r in repo.refs.list("refs/tags/")]
+    if not out:
+        branch = repo.current_branch()
+        if branch is None:
+            raise VrlError("HEAD is detached: name the branch to push (vrl push REMOTE BRANCH)")
+        out.append((f"refs/heads/{branch}", f"refs/heads/{branch}"))
+    return list(dict.fromkeys(out))
+
+
+def _full_ref(repo: Repo, name: str, like: str | None = None) -> str:
+    if name.startswith("refs/"):
+        return name
+    if like is not None:
+        return ("refs/tags/" if like.startswith("refs/tags/") else "refs/heads/") + name
+    for prefix in ("refs/heads/", "refs/tags/"):
+        if repo.refs.read(prefix + name):
+            return prefix + name
+    raise VrlError(f"nothing to push called {name!r}: not a local branch or tag")
+
+
+def push(repo: Repo, store: RemoteStore, remote_name: str, refs: Iterable[str] = (), *,
+         all_branches: bool = False, tags: bool = False, force: bool = False,
+         jobs: int = DEFAULT_JOBS, progress: Progress | None = None) -> TransferResult:
+    """Upload what the remote lacks, then move each remote ref by compare-and-swap."""
+    progress = progress or NoProgress()
+    result = TransferResult()
+    where = redact(store.url)
+    plans: list[tuple[str, str, ObjectId, ObjectId | None, Any, str]] = []
+    for local_ref, remote_ref in _refspecs(repo, refs, all_branches, tags):
+        tip = repo.refs.read(local_ref)
+        if tip is None:
+            raise VrlError(f"{short_ref(local_ref)} has no commits to push")
+        remote_tip, token = store.read_ref(remote_ref)
+        if remote_tip == tip:
+            status = "up-to-date"
+        elif remote_tip is None:
+            status = "new"
+        elif is_ancestor(repo, remote_tip, tip):
+            status = "fast-forward"
+        elif force:
+            status = "forced"
+        else:
+            raise _diverged(remote_name, remote_ref, remote_tip, local_ref, tip, where,
+                            repo.objects.has(remote_tip))
+        plans.append((local_ref, remote_ref, tip, remote_tip, token, status))
+
+    pending = [p for p in plans if p[5] != "up-to-date"]
+    if pending:
+        _upload(repo, store, [p[2] for p in pending],
+                [p[3] for p in plans if p[3]] +
+                list(repo.refs.list(f"refs/remotes/{remote_name}/").values()),
+                jobs, progress, result)
+    for local_ref, remote_ref, tip, remote_tip, token, status in plans:
+        if status != "up-to-date":
+            remote_tip, status = _move_remote_ref(repo, store, remote_name, local_ref,
+                                                  remote_ref, tip, remote_tip, token,
+                                                  status, force)
+        result.updates.append(RefUpdate(remote_ref, remote_tip, tip, status))
+        if remote_ref.startswith("refs/heads/"):
+            _set_tracking(repo, remote_name, remote_ref, tip, "push")
+    if pending:
+        _ensure_remote_head(store, [p[1] for p in plans])
+    return result
+
+
+def _diverged(remote_name: str, remote_ref: str, remote_tip: ObjectId, local_ref: str,
+              tip: ObjectId, where: str, known: bool) -> NonFastForwardError:
+    why = "the histories diverged" if known else "it has commits you do not have"
+    return NonFastForwardError(
+        f"push to {remote_name}/{short_ref(remote_ref)} rejected (not a fast-forward): "
+        f"{remote_name} is at {remote_tip[:12]}, your {short_ref(local_ref)} is at "
+        f"{tip[:12]} and {why}; run `vrl pull {remote_name}` (or `vrl fetch`) and retry, "
+        "or push with --force to overwrite the remote")
+
+
+def _move_remote_ref(repo: Repo, store: RemoteStore, remote_name: str, local_ref: str,
+                     remote_ref: str, tip: ObjectId, remote_tip: ObjectId | None, token: Any,
+                     status: str, force: bool) -> tuple[ObjectId | None, str]:
+    for _ in range(5):
+        try:
+            store.cas_ref(remote_ref, tip, token)
+            return remote_tip, status
+        except RefConflictError:
+            # Someone else moved it after we looked: retry only if we still fast-forward.
+            now, token = store.read_ref(remote_ref)
+            if now == tip:
+                return remote_tip, "up-to-date"
+            if now is not None and not force and not is_ancestor(repo, now, tip):
+                raise _diverged(remote_name, remote_ref, now, local_ref, tip,
+                                redact(store.url), repo.objects.has(now)) from None
+            remote_tip = now
+    raise RefConflictError(f"{remote_name}/{short_ref(remote_ref)} keeps moving (other "
+                           "pushers are busy); retry")
+
+
+def _ensure_remote_head(store: RemoteStore, pushed: list[str]) -> None:
+    """Give a fresh remote a HEAD (so clones know the default branch); best effort."""
+    branches = [r for r in pushed if r.startswith("refs/heads/")]
+    if not branches:
+        return
+    try:
+        data, token = store.read_versioned("HEAD")
+        if data is None:
+            store.swap("HEAD", f"ref: {branches[0]}\n".encode(), None)
+    except RefConflictError:
+        pass
+
+
+def _set_tracking(repo: Repo, remote_name: str, remote_ref: str, tip: ObjectId,
+                  why: str) -> None:
+    name = f"refs/remotes/{remote_name}/{remote_ref[len('refs/heads/'):]}"
+    if repo.refs.read(name) != tip:
+        repo.refs.update(name, tip, reason=f"{why}: {remote_name}")
+
+
+def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: list[ObjectId],
+            jobs: int, progress: Progress, result: TransferResult) -> None:
+    """Send the commits reachable from `tips` that the remote lacks, children first."""
+    # Commits the remote surely has (its ref tips and what we last saw there, if it still
+    # has them) and their ancestors need no round trip.
+    candidates = [c for c in dict.fromkeys(remote_known) if repo.objects.has(c)]
+    present = _pool_map(store.has_object, candidates, jobs)
+    base = ancestors(repo, [c for c, ok in zip(candidates, present, strict=True) if ok])
+    local = ancestors(repo, tips) - base
+    for tip in tips:
+        if not repo.objects.has(tip):
+            raise VrlError(f"commit {tip[:12]} is missing locally; run `vrl fsck`")
+    todo = sorted(local)
+    on_remote = _pool_map(store.has_object, todo, jobs)
+    # A commit present on the remote brings its ancestors (the invariant), so it is a base.
+    extra_base = {c for c, ok in zip(todo, on_remote, strict=True) if ok}
+    if extra_base:
+        base |= ancestors(repo, extra_base)
+        local -= base
+    commits = _topo_order(repo, local)
+    # Tensors of the boundary commits are on the remote already: no need to ask.
+    boundary = {p for c in commits for p in repo.read_commit(c).parents if p not in local}
+    known_tensors: set[ObjectId] = set()
+    for c in boundary:
+        if repo.objects.has(c):
+            known_tensors |= {e.id for e in _manifest(repo, c).tensors.values()}
+    manifests = list(dict.fromkeys(repo.read_commit(c).manifest for c in commits))
+    tensors: list[ObjectId] = []
+    for m in manifests:
+        for entry in repo.read_manifest(m).tensors.values():
+            if entry.id not in known_tensors:
+                known_tensors.add(entry.id)
+                tensors.append(entry.id)
+    # Ask the remote only about what it might lack (an interrupted push left some).
+    need = [o for o, ok in zip(tensors + manifests, _pool_map(store.has_object,
+                                                             tensors + manifests, jobs),
+                               strict=True) if not ok]
+    missing_local = [o for o in need if not repo.objects.has(o)]
+    if missing_local and repo.fetch_missing is not None:
+        repo.fetch_missing(missing_local)
+    for o in need:
+        if not repo.objects.has(o):
+            raise VrlError(f"object {o[:12]} is needed for the push but is not in this "
+                           "repository (pruned or a metadata-only clone) nor on the remote")
+    need_set = set(need)
+    sizes = {o: repo.objects.path(o).stat().st_size for o in need}
+    sizes.update({c: repo.objects.path(c).stat().st_size for c in commits})
+    progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(need) + len(commits))
+
+    def send(oid: ObjectId) -> None:
+        store.put_file(object_key(oid), repo.objects.path(oid))
+        progress.advance(sizes[oid])
+
+    try:
+        for kind, batch in (("tensor", [t for t in tensors if t in need_set]),
+                            ("manifest", [m for m in manifests if m in need_set])):
+            _pool_map(send, batch, jobs)
+            result.objects[kind] += len(batch)
+            result.bytes += sum(sizes[o] for o in batch)
+        for c in commits:  # oldest first: a commit never lands before its parents
+            send(c)
+            result.objects["commit"] += 1
+            result.bytes += sizes[c]
+    finally:
+        progress.end()
+
+
+def _manifest(repo: Repo, commit: ObjectId) -> Manifest:
+    return repo.read_manifest(repo.read_commit(commit).manifest)
+
+
+def _topo_order(repo: Repo, commits: set[ObjectId]) -> list[ObjectId]:
+    """Parents before children."""
+    order: list[ObjectId] = []
+    done: set[ObjectId] = set()
+    for start in sorted(commits):
+        stack: list[tuple[ObjectId, bool]] = [(start, False)]
+        while stack:
+            oid, expanded = stack.pop()
+            if oid in done:
+                continue
+            if expanded:
+                done.add(oid)
+                order.append(oid)
+                continue
+            stack.append((oid, True))
+            stack.extend((p, False) for p in repo.read_commit(oid).parents
+                         if p in commits and p not in done)
+    return order
+
+
+# ------------------------------------------------------------------------------ fetch
+
+
+def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bool = False,
+          jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
+          tags: bool = True) -> TransferResult:
+    """Download the remote's refs into refs/remotes/<name>/ and the objects we lack."""
+    progress = progress or NoProgress()
+    result = TransferResult()
+    remote_refs = store.list_refs()
+    tips = list(dict.fromkeys(remote_refs.values()))
+    commits = _fetch_commits(repo, store, tips, jobs)
+    manifests: dict[ObjectId, bytes] = {}
+    wanted_manifests = list(dict.fromkeys(Commit.from_bytes(raw[HEADER_SIZE:]).manifest
+                                          for raw in commits.values()))
+    wanted_manifests = [m for m in wanted_manifests if not repo.objects.has(m)]
+    for m, raw in zip(wanted_manifests,
+                      _pool_map(lambda m: _download(store, m, "manifest"), wanted_manifests,
+                                jobs), strict=True):
+        manifests[m] = raw
+    if not metadata_only:
+        tensor_ids: dict[ObjectId, int] = {}
+        for raw in commits.values():
+            mid = Commit.from_bytes(raw[HEADER_SIZE:]).manifest
+            manifest = Manifest.from_bytes(manifests[mid][HEADER_SIZE:]) if mid in manifests \
+                else repo.read_manifest(mid)
+            for entry in manifest.tensors.values():
+                if entry.id not in tensor_ids and not repo.objects.has(entry.id):
+                    tensor_ids[entry.id] = entry.nbytes + HEADER_SIZE
+        fetch_objects(repo, store, list(tensor_ids), jobs=jobs, progress=progress,
+                      sizes=tensor_ids, result=result)
+    for m, raw in manifests.items():
+        _store_raw(repo, m, raw)
+        result.objects["manifest"] += 1
+        result.bytes += len(raw)
+    for c in _topo_order_raw(commits):
+        _store_raw(repo, c, commits[c])
+        result.objects["commit"] += 1
+        result.bytes += len(commits[c])
+    repo.objects.sync()  # objects durable before refs point at them
+    for ref, oid in remote_refs.items():
+        if ref.startswith("refs/heads/"):
+            name = f"refs/remotes/{remote_name}/{ref[len('refs/heads/'):]}"
+            old = repo.refs.read(name)
+            if old != oid:
+                repo.refs.update(name, oid, reason=f"fetch: {remote_name}")
+                result.updates.append(RefUpdate(name, old, oid, "new" if old is None else
+                                                "fast-forward" if is_ancestor(repo, old, oid)
+                                                else "forced"))
+        elif ref.startswith("refs/tags/") and tags and repo.refs.read(ref) is None:
+            repo.refs.update(ref, oid, expected=None, reason=f"fetch: {remote_name}")
+            result.updates.append(RefUpdate(ref, None, oid, "new"))
+    return result
+
+
+def _fetch_commits(repo: Repo, store: RemoteStore, tips: list[ObjectId], jobs: int
+                   ) -> dict[ObjectId, bytes]:
+    """Download, wave by wave, every commit reachable from `tips` that we lack."""
+    got: dict[ObjectId, bytes] = {}
+    wave = [t for t in tips if not repo.objects.has(t)]
+    while wave:
+        raws = _pool_map(lambda c: _download(store, c, "commit"), wave, jobs)
+        nxt: list[ObjectId] = []
+        for oid, raw in zip(wave, raws, strict=True):
+            got[oid] = raw
+            for parent in Commit.from_bytes(raw[HEADER_SIZE:]).parents:
+                if parent not in got and not repo.objects.has(parent) and parent not in nxt:
+                    nxt.append(parent)
+        wave = nxt
+    return got
+
+
+def _topo_order_raw(commits: dict[ObjectId, bytes]) -> list[ObjectId]:
+    parents = {c: [p for p in Commit.from_bytes(raw[HEADER_SIZE:]).parents if p in commits]
+               for c, raw in commits.items()}
+    order: list[ObjectId] = []
+    done: set[ObjectId] = set()
+    for start in sorted(commits):
+        stack: list[tuple[ObjectId, bool]] = [(start, False)]
+        while stack:
+            oid, expanded = stack.pop()
+            if oid in done:
+                continue
+            if expanded:
+                done.add(oid)
+                order.append(oid)
+                continue
+            stack.append((oid, True))
+            stack.extend((p, False) for p in parents[oid] if p not in done)
+    return order
+
+
+def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
+                  jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
+                  sizes: dict[ObjectId, int] | None = None,
+                  result: TransferResult | None = None) -> None:
+    """Download objects by id (verifying each before it is written)."""
+    progress = progress or NoProgress()
+    ids = [o for o in dict.fromkeys(ids) if is_object_id(o) and not repo.objects.has(o)]
+    if not ids:
+        return
+    progress.begin(f"fetch {redact(store.url)}", sum((sizes or {}).get(o, 0) for o in ids),
+                   len(ids))
+
+    def get(oid: ObjectId) -> int:
+        raw = _download(store, oid)
+        _store_raw(repo, oid, raw)
+        progress.advance(len(raw))
+        return len(raw)
+
+    try:
+        got = _pool_map(get, ids, jobs)
+    finally:
+        progress.end()
+    repo.objects.sync()
+    if result is not None:
+        result.objects["tensor"] += len(got)
+        result.bytes += sum(got)
+
+
+# ------------------------------------------------------------------------------ pull / clone
+
+
+def pull(repo: Repo, store: RemoteStore, remote_name: str, branch: str | None = None, *,
+         jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
+         metadata_only: bool = False) -> tuple[RefUpdate, TransferResult]:
+    """Fetch, then fast-forward the current branch (or `branch`) to its remote twin."""
+    branch = branch or repo.current_branch()
+    if branch is None:
+        raise VrlError("HEAD is detached: check out a branch, or name one (vrl pull REMOTE "
+                       "BRANCH)")
+    partial = bool(repo.config.get("core", "partial"))
+    result = fetch(repo, store, remote_name, jobs=jobs, progress=progress,
+                   metadata_only=metadata_only or partial)
+    theirs = repo.refs.read(f"refs/remotes/{remote_name}/{branch}")
+    if theirs is None:
+        raise RemoteError(f"{remote_name} has no branch {branch!r}")
+    ref = f"refs/heads/{branch}"
+    ours = repo.refs.read(ref)
+    if ours == theirs or (ours is not None and is_ancestor(repo, theirs, ours)):
+        return RefUpdate(ref, ours, ours, "up-to-date"), result
+    if ours is not None and not is_ancestor(repo, ours, theirs):
+        raise NonFastForwardError(
+            f"cannot fast-forward {branch}: your {branch} ({ours[:12]}) and "
+            f"{remote_name}/{branch} ({theirs[:12]}) have diverged; keep yours with "
+            f"`vrl push {remote_name} {branch}:<new-branch>`, or take theirs with "
+            f"`vrl reset --hard {remote_name}/{branch}`")
+    repo.refs.update(ref, theirs, expected=ours, reason=f"pull: fast-forward from "
+                                                        f"{remote_name}")
+    return RefUpdate(ref, ours, theirs, "fast-forward" if ours else "new"), result
+
+
+def clone(url: str, directory: str | Path | None = None, *, branch: str | None = None,
+          options: dict[str, str] | None = None, metadata_only: bool = False,
+          jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
+          checkout: bool = True, remote_name: str = "origin") -> Repo:
+    """init + add remote + fetch + check out `branch` (the remote's HEAD by default).
+
+    A failed clone removes the directory it created.
+    """
+    from vrl.remote.config import add_remote, default_dir, open_named
+
+    target = Path(directory or default_dir(url))
+    if target.exists() and any(target.iterdir()):
+        raise VrlError(f"destination {target} already exists and is not empty")
+    created = not target.exists()
+    try:
+        repo = Repo.init(target, branch=branch or "main")
+        add_remote(repo, remote_name, url, options or {})
+        if metadata_only:
+            repo.config.set("core", "partial", "true")
+            repo.config.set("core", "promisor", remote_name)
+            repo.config.save()
+        store = open_named(repo, remote_name)
+        try:
+            fetch(repo, store, remote_name, metadata_only=metadata_only, jobs=jobs,
+                  progress=progress)
+            chosen = branch or _remote_default_branch(repo, store, remote_name)
+        finally:
+            store.close()
+        if chosen:
+            tip = repo.refs.read(f"refs/remotes/{remote_name}/{chosen}")
+            if tip is None:
+                raise RemoteError(f"{remote_name} has no branch {chosen!r}")
+            repo.refs.update(f"refs/heads/{chosen}", tip, expected=None,
+                             reason=f"clone: from {redact(url)}")
+            repo.refs.set_head(f"refs/heads/{chosen}", reason=f"clone: checkout {chosen}")
+            if checkout and not metadata_only:
+                repo.write_workspace(tip)
+        if metadata_only:
+            # Reopen so the lazy fetcher (installed from the config) is in place.
+            repo = Repo(target)
+        return repo
+    except BaseException:
+        if created:
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            shutil.rmtree(target / ".vrl", ignore_errors=True)
+        raise
+
+
+def _remote_default_branch(repo: Repo, store: RemoteStore, remote_name: str) -> str | None:
+    branches = [short_ref(r)[len(remote_name) + 1:]
+                for r in repo.refs.list(f"refs/remotes/{remote_name}/")]
+    if not branches:
+        return None
+    data, _ = store.read_versioned("HEAD")
+    text = (data or b"").decode("utf-8", "replace").strip()
+    if text.startswith("ref: refs/heads/") and text[16:] in branches:
+        return text[16:]
+    return "main" if "main" in branches else branches[0]
+
+
+# ------------------------------------------------------------------------------ lazy tensors
+
+
+def install_lazy_fetcher(repo: Repo, remote_name: str, jobs: int = DEFAULT_JOBS) -> None:
+    """Make missing objects download on demand from `remote_name` (partial clones)."""
+
+    def fetch_missing(ids: list[ObjectId]) -> None:
+        from vrl.remote.config import open_named
+
+        store = open_named(repo, remote_name)
+        try:
+            fetch_objects(repo, store, list(ids), jobs=jobs)
+        finally:
+            store.close()
+
+    repo.fetch_missing = fetch_missing

@@ -1,0 +1,96 @@
+"""Start and stop the throwaway local servers used by the remote tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+@dataclass
+class Server:
+    """A server subprocess on 127.0.0.1:`port`; `restart()` brings it back on the same port."""
+
+    argv: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                     start_new_session=True)
+        wait_port(self.port, proc=self.proc)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+def s3_server(threaded: bool = False) -> Server:
+    port = free_port()
+    return Server([sys.executable, "-m", "vrl.testing.s3server", str(port)]
+                  + (["--threaded"] if threaded else []), port).start()
+
+
+@dataclass
+class SshSetup:
+    server: Server
+    root: Path
+    client_key: Path
+    known_hosts: Path
+
+    def options(self) -> dict[str, str]:
+        return {"identity_file": str(self.client_key), "known_hosts": str(self.known_hosts)}
+
+
+def sftp_server(workdir: Path) -> SshSetup:
+    """A key-only SFTP server whose `/` is `workdir/root`, and the client files to reach it."""
+    import asyncssh
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = workdir / "root"
+    root.mkdir(exist_ok=True)
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = asyncssh.generate_private_key("ssh-ed25519")
+    (workdir / "host_key").write_bytes(host_key.export_private_key())
+    (workdir / "client_key").write_bytes(client_key.export_private_key())
+    os.chmod(workdir / "client_key", 0o600)
+    (workdir / "authorized_keys").write_bytes(client_key.export_public_key())
+    port = free_port()
+    (workdir / "known_hosts").write_text(
+        f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}\n")
+    server = Server([sys.executable, "-m", "vrl.testing.sftpserver", str(port), str(root),
+                     str(workdir / "host_key"), str(workdir / "authorized_keys")], port).start()
+    return SshSetup(server, root, workdir / "client_key", workdir / "known_hosts")

@@ -153,13 +153,13 @@ def _refspecs(repo: Repo, refs: Iterable[str], all_branches: bool, tags: bool
         out.append((local, _full_ref(repo, dst, like=local) if dst else local))
     if all_branches:
         out += [(r, r) for r in repo.refs.list("refs/heads/")]
-    if tags:
-        out += [(r, r) for r in repo.refs.list("refs/tags/")]
-    if not out:
+    if not out:  # the current branch (also with --tags, which adds the tags)
         branch = repo.current_branch()
         if branch is None:
             raise VrlError("HEAD is detached: name the branch to push (vrl push REMOTE BRANCH)")
         out.append((f"refs/heads/{branch}", f"refs/heads/{branch}"))
+    if tags:
+        out += [(r, r) for r in repo.refs.list("refs/tags/")]
     return list(dict.fromkeys(out))
 
 

@@ -176,9 +176,13 @@ class FileObjectStore(ObjectStore):
         rename. Inside `batch()` the fsync and rename run on a worker thread, so flushing
         one object overlaps with writing the next."""
         tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+            try:
+                fd = os.open(tmp, flags, 0o444)
+            except FileNotFoundError:  # first object in this fan-out directory
+                final.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(tmp, flags, 0o444)
             try:
                 for chunk in chunks:
                     _write_all(fd, chunk)

@@ -392,8 +392,17 @@ class Repo:
         """The snapshot at `rev` as its original structure, tensors memory-mapped."""
         from vrl.tensors import unflatten
 
-        manifest = self.read_manifest(self.read_commit(self.resolve(rev)).manifest)
-        return self.load_manifest(manifest, unflatten)
+        oid = self.resolve(rev)
+        manifest = self.read_manifest(self.read_commit(oid).manifest)
+        try:
+            return self.load_manifest(manifest, unflatten)
+        except PrunedError:
+            if oid in self.pruned():
+                raise PrunedError(f"snapshot {oid[:12]} was pruned by retention (its commit, "
+                                  "metrics and layer statistics are kept, its tensors were "
+                                  "dropped); fetch it from a remote that still has it") \
+                    from None
+            raise
 
     def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
         if unflatten is None:
@@ -536,9 +545,71 @@ class Repo:
         self.refs.update(f"refs/tags/{name}", None, expected=old, reason="tag: deleted")
         return old
 
+    # ------------------------------------------------------------------ retention
+    def _pruned_path(self) -> Path:
+        return self.vrl_dir / "pruned"
+
+    def pruned(self) -> set[ObjectId]:
+        """Commits whose tensor data retention released (gc then frees it)."""
+        try:
+            text = self._pruned_path().read_text()
+        except FileNotFoundError:
+            return set()
+        return {ObjectId(line) for line in text.split() if is_object_id(line)}
+
+    def first_parent_chain(self, oid: ObjectId | None) -> list[ObjectId]:
+        chain = []
+        while oid is not None:
+            chain.append(oid)
+            try:
+                parents = self.read_commit(oid).parents
+            except ObjectNotFoundError:
+                break
+            oid = parents[0] if parents else None
+        return chain
+
+    def prune(self, keep_last: int = 10, refs: list[str] | None = None,
+              keep: tuple[str, ...] = (), dry_run: bool = False) -> list[ObjectId]:
+        """Release the tensor data of old snapshots; return the commits newly pruned.
+
+        Kept: the last `keep_last` commits of every branch, every tagged commit (the best
+        snapshot is a tag), every branch head and HEAD, and the revisions in `keep`. Only
+        the first-parent history of `refs` (default: every branch) is pruned. Commits,
+        manifests, metrics and layer statistics stay; tensors reachable from any kept
+        snapshot are never released. `gc` frees the space.
+        """
+        if keep_last < 1:
+            raise VrlError("keep_last must be at least 1")
+        branches = self.refs.list("refs/heads/")
+        kept: set[ObjectId] = set(branches.values()) | set(self.tags().values())
+        head = self.head()
+        if head:
+            kept.add(head)
+        kept.update(self.resolve(k) for k in keep)
+        for tip in branches.values():
+            kept.update(self.first_parent_chain(tip)[:keep_last])
+        targets = [self.refs.read(r) for r in refs] if refs else list(branches.values())
+        already = self.pruned()
+        newly: list[ObjectId] = []
+        for tip in targets:
+            for oid in self.first_parent_chain(tip):
+                if oid not in kept and oid not in already and oid not in newly:
+                    newly.append(oid)
+        if newly and not dry_run:
+            with self.refs.lock("refs/pruned"):
+                current = self.pruned()
+                lines = sorted(current | set(newly))
+                self.objects.write_raw(self._pruned_path(), ["\n".join(lines).encode() + b"\n"],
+                                       "the pruned list")
+        return newly
+
     # ------------------------------------------------------------------ maintenance
     def reachable(self, include_reflog: bool = True) -> set[ObjectId]:
-        """Every object reachable from refs, HEAD and (by default) the reflog."""
+        """Every object reachable from refs, HEAD and (by default) the reflog.
+
+        Pruned commits keep their commit and manifest objects but not their tensors (unless
+        a kept snapshot reaches the same tensors).
+        """
         roots: set[ObjectId] = set(self.refs.list().values())
         head = self.head()
         if head:
@@ -548,6 +619,7 @@ class Repo:
                 for entry in self.refs.reflog(name):
                     roots.update(x for x in (entry.old, entry.new) if x)
         seen: set[ObjectId] = set()
+        pruned = self.pruned()
         stack = list(roots)
         while stack:
             oid = stack.pop()
@@ -561,6 +633,8 @@ class Repo:
             stack.extend(commit.parents)
             if self.objects.has(commit.manifest):
                 seen.add(commit.manifest)
+                if oid in pruned:
+                    continue
                 try:
                     seen.update(e.id for e in self.read_manifest(commit.manifest).tensors.values())
                 except VrlError:
@@ -619,6 +693,7 @@ class Repo:
         lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
             else False
         referenced: set[ObjectId] = set()
+        pruned_set = self.pruned()
         for oid, kind in kinds.items():
             if kind != "commit":
                 continue
@@ -627,7 +702,7 @@ class Repo:
             except VrlError as exc:
                 problems.append(f"bad commit {oid}: {exc}")
                 continue
-            pruned = bool(commit.meta.get("pruned"))
+            pruned = oid in pruned_set
             for parent in commit.parents:
                 referenced.add(parent)
                 if kinds.get(parent) != "commit" and not lazy:

@@ -49,4 +49,37 @@ def fsck(repo: Repo, as_json: bool) -> None:
         sys.exit(1)
 
 
-COMMANDS = [gc, fsck]
+@click.command()
+@click.option("--keep-last", type=int, default=10, show_default=True,
+              help="Keep the last N snapshots of every branch.")
+@click.option("--branch", "branches", multiple=True, metavar="NAME",
+              help="Prune only these branches' history (default: all).")
+@click.option("--keep", multiple=True, metavar="REV", help="Also keep REV (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only list what would be pruned.")
+@json_option
+@pass_repo
+def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str, ...],
+          dry_run: bool, as_json: bool) -> None:
+    """Release the tensor data of old snapshots (tags, best and recent ones are kept).
+
+    Commits, metrics and layer statistics stay, so `vrl log` and curves survive;
+    `vrl gc` then frees the space.
+    """
+    refs = []
+    for name in branches:
+        if name not in repo.branches():
+            raise click.BadParameter(f"no branch {name!r}", param_hint="--branch")
+        refs.append(f"refs/heads/{name}")
+    pruned = repo.prune(keep_last=keep_last, refs=refs or None, keep=keep, dry_run=dry_run)
+    if as_json:
+        echo_json({"pruned": pruned, "dry_run": dry_run})
+        return
+    verb = "would prune" if dry_run else "pruned"
+    for oid in pruned:
+        message = repo.read_commit(oid).message
+        click.echo(f"{verb} {oid[:12]} {message.splitlines()[0] if message else ''}".rstrip())
+    click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
+               "`vrl gc` to free their space")
+
+
+COMMANDS = [gc, fsck, prune]

@@ -173,6 +173,10 @@ class Snapshotter:
             except queue.Full:
                 self._raise_pending()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def flush(self) -> None:
         """Wait until every queued snapshot is committed; raise a background error."""
         self._queue.join()

@@ -1,0 +1,138 @@
+"""Training through the store: snapshots, exact resume, branching, dirty-layer training."""
+
+import pytest
+import torch
+from helpers import assert_same
+
+from trainer.config import GSPOConfig, PPOConfig
+from trainer.dirty_layers import DirtyLayerConfig, DirtyLayerController
+from trainer.envs.warehouse import WarehouseEnv
+from trainer.store_hook import StoreHook
+from trainer.train import Trainer
+
+
+def make_trainer(config_cls=PPOConfig, iterations=6, hooks=(), **kw):
+    cfg = config_cls(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * iterations,
+                     hidden_sizes=[16], num_minibatches=4, update_epochs=2, **kw)
+    env = WarehouseEnv(2, num_agents=4, max_steps=24, layout_kwargs=dict(blocks_x=2,
+                                                                          blocks_y=2))
+    return Trainer(env, cfg, hooks=list(hooks))
+
+
+def weights(trainer):
+    return {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+
+
+@pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
+def test_resume_from_a_snapshot_is_bit_identical(repo, config_cls):
+    straight = make_trainer(config_cls, iterations=6)
+    straight.train()
+
+    hook = StoreHook(repo, branch="run")
+    first = make_trainer(config_cls, iterations=6, hooks=[hook])
+    first.train(iterations=3)
+    hook.close()
+    assert len(repo.log("run")) == 3
+    snapshot = repo.log("run")[0].id
+
+    resumed = make_trainer(config_cls, iterations=6)
+    resumed.load_state_dict(repo.load(snapshot))
+    resumed.train()
+    assert resumed.iteration == straight.iteration == 6
+    assert_same(weights(straight), weights(resumed))
+    assert_same(straight.optimizer.state_dict(), resumed.optimizer.state_dict())
+
+
+def test_snapshot_contents_and_messages(repo):
+    hook = StoreHook(repo, branch="run", every=2)
+    trainer = make_trainer(iterations=5, hooks=[hook])
+    trainer.train()
+    log = repo.log("run")
+    assert [e.commit.meta["iteration"] for e in log] == [5, 4, 2]  # every 2 + the last
+    top = log[0].commit
+    assert top.message.startswith("iter 5")
+    assert top.hparams["num_steps"] == 16 and top.step == trainer.global_step
+    assert "losses/value_loss" in top.metrics
+    assert top.env["python"]
+    state = repo.load(log[0].id)
+    assert set(state) >= {"model", "algo", "rng", "env", "iteration", "config"}
+    assert_same(weights(trainer), state["model"])
+
+
+def test_branch_from_snapshot_keeps_lineage(repo):
+    hook = StoreHook(repo, branch="base")
+    trainer = make_trainer(iterations=4, hooks=[hook])
+    trainer.train(iterations=2)
+    hook.close()
+    start = repo.resolve("base")
+    repo.branch("tuned", start)
+    hook2 = StoreHook(repo, branch="tuned")
+    trainer2 = make_trainer(iterations=4, hooks=[hook2], learning_rate=1e-3)
+    trainer2.load_state_dict(repo.load(start))
+    trainer2.train(iterations=1)
+    hook2.close()
+    tip = repo.read_commit(repo.resolve("tuned"))
+    assert tip.parents == (start,)
+    assert tip.hparams["learning_rate"] == 1e-3
+    assert repo.read_commit(start).hparams["learning_rate"] != 1e-3
+    assert repo.diff("base", "tuned").material  # the layers moved
+
+
+def tensor_objects(repo):
+    return {o for o in repo.objects.ids() if repo.objects.kind_and_size(o)[0] == "tensor"}
+
+
+def test_frozen_layers_have_no_gradients_unchanged_bytes_and_no_new_objects(repo):
+    hook = StoreHook(repo, branch="run")
+    trainer = make_trainer(iterations=4, hooks=[hook])
+    trainer.train(iterations=1)
+    hook.flush()
+    frozen = ["actor.0", "critic.0"]
+    trainer.freeze_layers(frozen)
+    before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+    manifest_before = repo.read_manifest(repo.read_commit(hook.commits[-1]).manifest)
+    trainer.train(iterations=1)
+    hook.flush()
+    for name, p in trainer.agent.named_parameters():
+        layer = name.rsplit(".", 1)[0]
+        if layer in frozen:
+            assert p.grad is None and torch.equal(p, before[name]), name
+        else:
+            assert not torch.equal(p, before[name]), name
+    manifest_after = repo.read_manifest(repo.read_commit(hook.commits[-1]).manifest)
+    for name, entry in manifest_after.tensors.items():
+        if name.startswith(("model/actor.0.", "model/critic.0.")):
+            assert entry.id == manifest_before.tensors[name].id, name
+    # optimizer moments of frozen parameters do not change either
+    changed = {lc.layer for lc in repo.diff(hook.commits[-2], hook.commits[-1]).material}
+    assert not changed & {"model/actor.0", "model/critic.0"}
+    assert repo.read_commit(hook.commits[-1]).meta["frozen_layers"] == frozen
+    hook.close()
+
+
+def test_controller_freezes_clean_layers_and_refresh_brings_them_back(repo):
+    hook = StoreHook(repo, branch="run")
+    cfg = DirtyLayerConfig(threshold=0.0, window=1, refresh=4, warmup=1, sync=True)
+    ctrl = DirtyLayerController(hook, cfg)
+    trainer = make_trainer(iterations=12, hooks=[hook, ctrl])
+    # threshold 0: every layer that moved is dirty, so nothing is frozen
+    trainer.train(iterations=3)
+    hook.flush()
+    assert all(not frozen for _, frozen in ctrl.history)
+    # an impossible threshold freezes everything but the min_active layer(s) ...
+    ctrl.config.threshold = 1e9
+    trainer.train(iterations=4)
+    hook.flush()
+    decided = dict(ctrl.history)
+    layers = set(trainer.layer_names())
+    frozen_iters = [it for it, frozen in decided.items() if len(frozen) == len(layers) - 1]
+    assert frozen_iters, ctrl.history
+    # ... except on refresh iterations, when everything trains once
+    assert decided[8] == [] and 8 % cfg.refresh == 0
+    assert len(decided[7]) == len(layers) - 1
+    # frozen layers do not move, so only the refresh (iteration 8) lets them change again;
+    # with a threshold they now exceed they stay unfrozen after it
+    ctrl.config.threshold = 0.0
+    trainer.train(iterations=1)  # the refresh iteration 8
+    assert dict(ctrl.history)[9] == []
+    hook.close()

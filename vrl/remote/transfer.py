@@ -1,10 +1,12 @@
 """Push, fetch, pull and clone between a Repo and a RemoteStore.
 
-Invariant kept on both sides: if a commit object is present, its manifest, its tensors
-(unless the side is a partial clone) and all its ancestors are present too. Push therefore
-uploads tensors, then manifests, then commits oldest first, and moves the remote ref last;
-fetch writes commits only after everything they need, oldest first. An interrupted
-transfer leaves only orphan objects, and the next run skips whatever already arrived.
+Invariants: on a remote, a commit a ref points to is complete (its manifest, tensors and
+all its ancestors are there), and a commit object is never uploaded before its manifest
+and tensors; so push uploads tensors and manifests, then commits, and moves the ref last.
+Locally, a commit object present means its ancestors are present (and its tensors, unless
+the repository is a partial clone); so fetch writes commits last, oldest first. An
+interrupted transfer leaves only unreferenced objects, and the next run skips whatever
+already arrived.
 """
 
 from __future__ import annotations
@@ -269,69 +271,72 @@ def _set_tracking(repo: Repo, remote_name: str, remote_ref: str, tip: ObjectId,
         repo.refs.update(name, tip, reason=f"{why}: {remote_name}")
 
 
+LIST_THRESHOLD = 256  # above this many questions, one listing beats one HEAD per object
+
+
+def _remote_has(store: RemoteStore, ids: list[ObjectId], jobs: int) -> set[ObjectId]:
+    """Which of `ids` the remote holds."""
+    if len(ids) > LIST_THRESHOLD:
+        listed = {ObjectId(k[8:10] + k[11:]) for k in store.list("objects/")
+                  if len(k) == 8 + 2 + 1 + 62}
+        return set(ids) & listed
+    return {o for o, ok in zip(ids, _pool_map(store.has_object, ids, jobs), strict=True)
+            if ok}
+
+
 def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: list[ObjectId],
             jobs: int, progress: Progress, result: TransferResult) -> None:
-    """Send the commits reachable from `tips` that the remote lacks, children first."""
-    # Commits the remote surely has (its ref tips and what we last saw there, if it still
-    # has them) and their ancestors need no round trip.
-    candidates = [c for c in dict.fromkeys(remote_known) if repo.objects.has(c)]
-    present = _pool_map(store.has_object, candidates, jobs)
-    base = ancestors(repo, [c for c, ok in zip(candidates, present, strict=True) if ok])
-    local = ancestors(repo, tips) - base
+    """Send what the remote lacks of the history behind `tips`: data first, then commits."""
     for tip in tips:
         if not repo.objects.has(tip):
             raise VrlError(f"commit {tip[:12]} is missing locally; run `vrl fsck`")
-    todo = sorted(local)
-    on_remote = _pool_map(store.has_object, todo, jobs)
-    # A commit present on the remote brings its ancestors (the invariant), so it is a base.
-    extra_base = {c for c, ok in zip(todo, on_remote, strict=True) if ok}
-    if extra_base:
-        base |= ancestors(repo, extra_base)
-        local -= base
+    # Commits a remote ref points (or pointed) to are complete there with all their
+    # ancestors, because refs move only after everything is uploaded: no need to ask.
+    candidates = [c for c in dict.fromkeys(remote_known) if repo.objects.has(c)]
+    base = ancestors(repo, _remote_has(store, candidates, jobs))
+    local = ancestors(repo, tips) - base
     commits = _topo_order(repo, local)
-    # Tensors of the boundary commits are on the remote already: no need to ask.
     boundary = {p for c in commits for p in repo.read_commit(c).parents if p not in local}
-    known_tensors: set[ObjectId] = set()
+    known: set[ObjectId] = set()
     for c in boundary:
         if repo.objects.has(c):
-            known_tensors |= {e.id for e in _manifest(repo, c).tensors.values()}
+            known |= {e.id for e in _manifest(repo, c).tensors.values()}
     manifests = list(dict.fromkeys(repo.read_commit(c).manifest for c in commits))
     tensors: list[ObjectId] = []
     for m in manifests:
         for entry in repo.read_manifest(m).tensors.values():
-            if entry.id not in known_tensors:
-                known_tensors.add(entry.id)
+            if entry.id not in known:
+                known.add(entry.id)
                 tensors.append(entry.id)
-    # Ask the remote only about what it might lack (an interrupted push left some).
-    need = [o for o, ok in zip(tensors + manifests, _pool_map(store.has_object,
-                                                             tensors + manifests, jobs),
-                               strict=True) if not ok]
-    missing_local = [o for o in need if not repo.objects.has(o)]
+    # An interrupted push may have left some of these there: ask, and skip them.
+    there = _remote_has(store, tensors + manifests + commits, jobs)
+    data = [o for o in tensors + manifests if o not in there]
+    new_commits = [c for c in commits if c not in there]
+    missing_local = [o for o in data if not repo.objects.has(o)]
     if missing_local and repo.fetch_missing is not None:
         repo.fetch_missing(missing_local)
-    for o in need:
+    for o in data:
         if not repo.objects.has(o):
             raise VrlError(f"object {o[:12]} is needed for the push but is not in this "
                            "repository (pruned or a metadata-only clone) nor on the remote")
-    need_set = set(need)
-    sizes = {o: repo.objects.path(o).stat().st_size for o in need}
-    sizes.update({c: repo.objects.path(c).stat().st_size for c in commits})
-    progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(need) + len(commits))
+    sizes = {o: repo.objects.path(o).stat().st_size for o in data + new_commits}
+    progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(sizes))
+    kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest")
 
     def send(oid: ObjectId) -> None:
         store.put_file(object_key(oid), repo.objects.path(oid))
         progress.advance(sizes[oid])
 
     try:
-        for kind, batch in (("tensor", [t for t in tensors if t in need_set]),
-                            ("manifest", [m for m in manifests if m in need_set])):
-            _pool_map(send, batch, jobs)
-            result.objects[kind] += len(batch)
-            result.bytes += sum(sizes[o] for o in batch)
-        for c in commits:  # oldest first: a commit never lands before its parents
-            send(c)
-            result.objects["commit"] += 1
-            result.bytes += sizes[c]
+        # Biggest first keeps every worker busy until the end.
+        _pool_map(send, sorted(data, key=lambda o: -sizes[o]), jobs)
+        for o in data:
+            result.objects[kinds[o]] += 1
+            result.bytes += sizes[o]
+        # Commits only after all the data they name; the ref moves after all commits.
+        _pool_map(send, new_commits, jobs)
+        result.objects["commit"] += len(new_commits)
+        result.bytes += sum(sizes[c] for c in new_commits)
     finally:
         progress.end()
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 
+from vrl.testing.servers import exit_with_parent
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int)
     parser.add_argument("--threaded", action="store_true")
     args = parser.parse_args()
+    exit_with_parent()
     from moto.server import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import run_simple
 

@@ -12,6 +12,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def exit_with_parent() -> None:
+    """In a server subprocess: exit when the process that started it is gone, so a crashed
+    test run never leaves a server behind."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from vrl.testing.servers import exit_with_parent
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -17,6 +19,7 @@ def main() -> None:
     parser.add_argument("host_key")
     parser.add_argument("authorized_keys")
     args = parser.parse_args()
+    exit_with_parent()
     import asyncssh
 
     def sftp_factory(chan: asyncssh.SSHServerChannel) -> asyncssh.SFTPServer:

@@ -1,0 +1,247 @@
+"""Remote benchmark: push / pull a 50-commit history to a local S3 server (moto).
+
+Two histories: a small policy (~1 MB) and a big model (default 400 MB in 40 tensors) where
+a few tensors change per commit. For each we measure, in the same run:
+  - bytes vrl sends vs the bytes of the distinct objects (the changed tensors + metadata);
+  - vrl push time vs a plain parallel s3fs upload of exactly the same files;
+  - a no-op push (in-process and as a `vrl push` CLI call);
+  - an incremental push, a clone (full and metadata-only) and a pull;
+  - `dvc push` of a whole-file checkpoint per commit, only when `dvc` is installed.
+Writes bench/out/remote_bench.json.
+
+    nice -n 10 python bench/remote_bench.py [--size-mb 400] [--commits 50] [--changed 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # never ask a cloud metadata endpoint
+
+
+def build_history(path: Path, n_tensors: int, tensor_bytes: int, commits: int,
+                  changed: int) -> Any:
+    import torch
+
+    from vrl import Repo
+
+    repo = Repo.init(path)
+    repo = Repo(path, fsync=False)  # building the input is not what we measure
+    numel = max(1, tensor_bytes // 4)
+    gen = torch.Generator().manual_seed(0)
+    state = {f"layers.{i}.weight": torch.randn(numel, generator=gen) for i in range(n_tensors)}
+    for c in range(commits):
+        if c:
+            for j in range(changed):
+                name = f"layers.{(c * changed + j) % n_tensors}.weight"
+                state[name] = state[name] + 0.001
+        repo.commit(state, message=f"iter {c}", step=c, env=False,
+                    metrics={"return": float(c)})
+    return repo
+
+
+def object_bytes(repo: Any, oids: set[str]) -> int:
+    return sum(repo.objects.path(o).stat().st_size for o in oids)
+
+
+def plain_s3fs_upload(endpoint: str, bucket: str, files: list[Path], jobs: int) -> float:
+    """The yardstick: s3fs's own parallel `put` of the same files."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+    fs.mkdir(bucket)
+    start = time.perf_counter()
+    fs.put([str(f) for f in files], [f"{bucket}/objects/{f.parent.name}/{f.name}"
+                                     for f in files], batch_size=jobs)
+    return time.perf_counter() - start
+
+
+def median_time(func: Any, runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: int,
+             commits: int, changed: int, jobs: int) -> dict[str, Any]:
+    import boto3
+
+    from vrl.remote import add_remote, clone, open_named, pull, push
+
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    bucket = f"vrl-{name}"
+    s3.create_bucket(Bucket=bucket)
+    url = f"s3://{bucket}/repo"
+    opts = {"endpoint_url": endpoint}
+
+    t0 = time.perf_counter()
+    repo = build_history(tmp / f"{name}-src", n_tensors, tensor_bytes, commits, changed)
+    build_s = time.perf_counter() - t0
+    add_remote(repo, "origin", url, opts)
+    reachable = repo.reachable(include_reflog=False)
+    distinct = object_bytes(repo, reachable)
+    tensor_ids = {o for o in reachable if repo.objects.kind_and_size(o)[0] == "tensor"}
+    model_bytes = n_tensors * tensor_bytes
+    whole_file_bytes = commits * model_bytes  # a whole checkpoint per commit
+
+    store = open_named(repo, "origin")
+    start = time.perf_counter()
+    first = push(repo, store, "origin", jobs=jobs)
+    push_s = time.perf_counter() - start
+
+    files = [repo.objects.path(o) for o in sorted(reachable)]
+    plain_s = plain_s3fs_upload(endpoint, f"{bucket}-plain", files, jobs)
+
+    noop_s = median_time(lambda: push(repo, open_named(repo, "origin"), "origin", jobs=jobs))
+    cli_env = {**os.environ}
+    noop_cli = median_time(lambda: subprocess.run(
+        [sys.executable, "-c", "import sys; from vrl.cli import main; sys.exit(main())",
+         "push", "-q"], cwd=repo.workdir, env=cli_env,
+        check=True, capture_output=True), runs=3)
+
+    start = time.perf_counter()
+    cloned = clone(url, tmp / f"{name}-clone", options=opts, jobs=jobs, checkout=False)
+    clone_s = time.perf_counter() - start
+    start = time.perf_counter()
+    clone(url, tmp / f"{name}-lazy", options=opts, jobs=jobs, metadata_only=True)
+    lazy_s = time.perf_counter() - start
+
+    # one more commit upstream: push it, pull it
+    build_history_step(repo, n_tensors, changed, commits)
+    head_m = repo.read_manifest(repo.read_commit(repo.head()).manifest)
+    parent_m = repo.read_manifest(repo.read_commit(repo.resolve("HEAD^")).manifest)
+    new_tensors = {e.id for e in head_m.tensors.values()} - \
+        {e.id for e in parent_m.tensors.values()}
+    start = time.perf_counter()
+    inc = push(repo, open_named(repo, "origin"), "origin", jobs=jobs)
+    inc_s = time.perf_counter() - start
+    start = time.perf_counter()
+    pulled, fetched = pull(cloned, open_named(cloned, "origin"), "origin", jobs=jobs)
+    pull_s = time.perf_counter() - start
+
+    return {
+        "commits": commits, "tensors": n_tensors, "tensor_bytes": tensor_bytes,
+        "model_bytes": model_bytes, "changed_per_commit": changed, "build_s": build_s,
+        "distinct_object_bytes": distinct, "distinct_tensors": len(tensor_ids),
+        "whole_checkpoint_per_commit_bytes": whole_file_bytes,
+        "push": {"seconds": push_s, "bytes_sent": first.bytes, "objects": first.objects,
+                 "bytes_sent_equals_distinct": first.bytes == distinct,
+                 "MB_per_s": first.bytes / push_s / 1e6},
+        "plain_s3fs_put": {"seconds": plain_s, "bytes": distinct},
+        "push_vs_plain_s3fs": push_s / plain_s,
+        "noop_push_s": noop_s, "noop_push_cli_s": noop_cli,
+        "clone_s": clone_s, "clone_metadata_only_s": lazy_s,
+        "incremental_push": {"seconds": inc_s, "objects": inc.objects, "bytes": inc.bytes,
+                             "changed_tensors": len(new_tensors),
+                             "changed_tensor_bytes": object_bytes(repo, new_tensors)},
+        "pull": {"seconds": pull_s, "status": pulled.status, "objects": fetched.objects,
+                 "bytes": fetched.bytes},
+        "dvc": dvc_compare(tmp / f"{name}-dvc", n_tensors, tensor_bytes, commits, changed)
+        if shutil.which("dvc") else "dvc not installed: skipped",
+    }
+
+
+def build_history_step(repo: Any, n_tensors: int, changed: int, c: int) -> None:
+    import torch
+
+    from vrl.tensors import flatten
+
+    state = flatten(repo.load("HEAD"))[0]
+    state = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    for j in range(changed):
+        name = f"layers.{(c * changed + j) % n_tensors}.weight"
+        state[name] = state[name] + 0.001
+    repo.commit(state, message=f"iter {c}", step=c, env=False)
+
+
+def dvc_compare(path: Path, n_tensors: int, tensor_bytes: int, commits: int,
+                changed: int) -> dict[str, Any]:
+    """`dvc add` + `dvc push` of a whole safetensors checkpoint per commit (local remote)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    remote = path.parent / (path.name + "-remote")
+    run = lambda *a: subprocess.run(a, cwd=path, check=True, capture_output=True)  # noqa: E731
+    run("git", "init", "-q")
+    run("dvc", "init", "-q")
+    run("dvc", "remote", "add", "-d", "r", str(remote))
+    gen = torch.Generator().manual_seed(0)
+    state = {f"layers.{i}.weight": torch.randn(max(1, tensor_bytes // 4), generator=gen)
+             for i in range(n_tensors)}
+    total = 0.0
+    for c in range(commits):
+        if c:
+            for j in range(changed):
+                name = f"layers.{(c * changed + j) % n_tensors}.weight"
+                state[name] = state[name] + 0.001
+        save_file(state, str(path / "policy.safetensors"))
+        start = time.perf_counter()
+        run("dvc", "add", "-q", "policy.safetensors")
+        run("dvc", "push", "-q")
+        total += time.perf_counter() - start
+    sent = sum(f.stat().st_size for f in remote.rglob("*") if f.is_file())
+    return {"push_s_total": total, "bytes_on_remote": sent}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=400.0,
+                        help="big model size (use less on a slow machine; recorded)")
+    parser.add_argument("--tensors", type=int, default=40)
+    parser.add_argument("--commits", type=int, default=50)
+    parser.add_argument("--changed", type=int, default=2, help="tensors changed per commit")
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "out" /
+                                             "remote_bench.json"))
+    args = parser.parse_args()
+
+    from vrl.testing.servers import s3_server
+
+    server = s3_server(threaded=True)  # parallel uploads need a threaded server
+    endpoint = f"http://127.0.0.1:{server.port}"
+    tmp = Path(tempfile.mkdtemp(prefix="vrl-remote-bench-"))
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "platform": platform.platform()},
+        "server": "moto (threaded) on 127.0.0.1", "jobs": args.jobs,
+    }
+    try:
+        # small policy: ~1 MB in 8 tensors, 1 changes per commit
+        results["small"] = run_case("small", tmp, endpoint, 8, 128 * 1024, args.commits, 1,
+                                    args.jobs)
+        print(json.dumps({"small": results["small"]}, indent=1), flush=True)
+        if not args.skip_big:
+            tensor_bytes = int(args.size_mb * 1e6 / args.tensors)
+            results["big"] = run_case("big", tmp, endpoint, args.tensors, tensor_bytes,
+                                      args.commits, args.changed, args.jobs)
+            print(json.dumps({"big": results["big"]}, indent=1), flush=True)
+    finally:
+        server.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -122,6 +122,16 @@ def bench_model(name: str, state: dict[str, torch.Tensor], work: Path, runs: int
     return r
 
 
+def _write_layout(layout: str, target: Path, state: dict[str, torch.Tensor]) -> None:
+    """One whole-file checkpoint, or a folder with one file per tensor."""
+    if layout == "file":
+        save_file(state, str(target))
+        return
+    target.mkdir(exist_ok=True)
+    for k, v in state.items():
+        save_file({k: v}, str(target / f"{k}.safetensors"))
+
+
 def bench_dvc(dvc: str, state: dict[str, torch.Tensor], work: Path, runs: int
               ) -> dict[str, float]:
     """`dvc add` of a whole-file checkpoint and of a per-layer folder: first and after one
@@ -138,20 +148,12 @@ def bench_dvc(dvc: str, state: dict[str, torch.Tensor], work: Path, runs: int
             target = "m.safetensors" if layout == "file" else "layers"
             state_copy = {k: v.clone() for k, v in state.items()}
 
-            def write(st: dict[str, torch.Tensor]) -> None:
-                if layout == "file":
-                    save_file(st, str(proj / target))
-                else:
-                    (proj / target).mkdir(exist_ok=True)
-                    for k, v in st.items():
-                        save_file({k: v}, str(proj / target / f"{k}.safetensors"))
-
-            write(state_copy)
+            _write_layout(layout, proj / target, state_copy)
             start = time.perf_counter()
             subprocess.run([dvc, "add", "-q", target], cwd=proj, check=True)
             firsts.append(time.perf_counter() - start)
             next(iter(state_copy.values())).add_(0.001)
-            write(state_copy)
+            _write_layout(layout, proj / target, state_copy)
             start = time.perf_counter()
             subprocess.run([dvc, "add", "-q", target], cwd=proj, check=True)
             seconds.append(time.perf_counter() - start)
@@ -255,7 +257,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(table(results))
+    md = table(results)
+    out.with_suffix(".md").write_text(md + "\n")
+    print(md)
 
 
 if __name__ == "__main__":

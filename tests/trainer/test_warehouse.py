@@ -195,3 +195,16 @@ def test_layouts():
         Layout(("P.", "."))
     with pytest.raises(ValueError):
         Layout(("..", ".."))
+
+
+def test_record_episode(tmp_path):
+    pytest.importorskip("PIL")
+    from trainer.envs.baseline import ShortestPathPolicy
+    from trainer.envs.warehouse import record_episode
+
+    env = WarehouseEnv(1, num_agents=3, max_steps=6)
+    policy = ShortestPathPolicy(env)
+    texts = record_episode(env, lambda obs: policy.act(), gif_path=str(tmp_path / "a.gif"),
+                           png_dir=str(tmp_path / "png"))
+    assert len(texts) == 6 and len(list((tmp_path / "png").iterdir())) == 6
+    assert texts[0] != texts[-1]  # the AGVs moved

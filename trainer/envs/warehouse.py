@@ -152,8 +152,9 @@ class WarehouseEnv:
         dr, dc = np.meshgrid(np.arange(-r, r + 1), np.arange(-r, r + 1), indexing="ij")
         self._offsets = torch.as_tensor((dr * wp + dc).reshape(-1), device=dev)
         self._centre = self.window // 2
-        self._row = torch.as_tensor(rows, device=dev)
-        self._col = torch.as_tensor(cols, device=dev)
+        # (row / height, col / width) of every cell, for the goal vector
+        self._rc = torch.as_tensor(np.stack([rows / h, cols / w], axis=1), dtype=torch.float32,
+                                   device=dev)
 
         n, e = self.num_agents, self.num_worlds
         self._agent_ids = torch.arange(n, device=dev).expand(e, n)
@@ -234,13 +235,12 @@ class WarehouseEnv:
         agents = torch.zeros((e, self._padded_cells), device=self.device)
         agents.scatter_(1, ppos, 1.0)
         obs = torch.empty((e, n, self.obs_dim), device=self.device)
-        obs[..., :k] = self._padded_walls[win]
+        obs[..., :k] = self._padded_walls.expand(e, -1).gather(1, win.view(e, n * k)).view(e, n, k)
         obs[..., k:2 * k] = agents.gather(1, win.view(e, n * k)).view(e, n, k)
         obs[..., k + self._centre] = 0.0                                 # not itself
         tcell = self.target_cell
         obs[..., 2 * k:3 * k] = win == self._to_padded[tcell].unsqueeze(-1)
-        obs[..., 3 * k] = (self._row[tcell] - self._row[self.pos]) / self.height
-        obs[..., 3 * k + 1] = (self._col[tcell] - self._col[self.pos]) / self.width
+        obs[..., 3 * k:3 * k + 2] = self._rc[tcell] - self._rc[self.pos]
         obs[..., 3 * k + 2] = self.loaded
         return obs.view(e * n, self.obs_dim)
 
@@ -366,3 +366,27 @@ def save_gif(frames: list[np.ndarray], path: str, fps: int = 8) -> None:
         raise ImportError("saving GIFs needs pillow: pip install 'vrl[plots]'") from exc
     images = [Image.fromarray(f) for f in frames]
     images[0].save(path, save_all=True, append_images=images[1:], duration=1000 // fps, loop=0)
+
+
+def record_episode(env: WarehouseEnv, act, steps: int | None = None, world: int = 0,
+                   gif_path: str | None = None, png_dir: str | None = None) -> list[str]:
+    """Step ``env`` with ``act(obs) -> actions`` for one episode (or ``steps``); returns the
+    text frames of ``world`` and optionally writes a GIF and/or one PNG per frame."""
+    steps = steps or env.cfg.max_steps
+    obs = env.reset()
+    texts, frames = [env.render_text(world)], [env.render_rgb(world)]
+    for _ in range(steps - 1):  # the last step would auto-reset; stop before it
+        obs, *_ = env.step(act(obs))
+        texts.append(env.render_text(world))
+        frames.append(env.render_rgb(world))
+    if gif_path:
+        save_gif(frames, gif_path)
+    if png_dir:
+        from pathlib import Path
+
+        from PIL import Image
+
+        Path(png_dir).mkdir(parents=True, exist_ok=True)
+        for i, f in enumerate(frames):
+            Image.fromarray(f).save(Path(png_dir) / f"frame_{i:04d}.png")
+    return texts

@@ -136,3 +136,13 @@ def test_controller_freezes_clean_layers_and_refresh_brings_them_back(repo):
     trainer.train(iterations=1)  # the refresh iteration 8
     assert dict(ctrl.history)[9] == []
     hook.close()
+
+
+def test_gspo_trains_with_a_fully_frozen_network():
+    trainer = make_trainer(GSPOConfig, iterations=2, hessian_interval=1)
+    trainer.freeze_layers(["actor.0", "actor.2"])
+    before = weights(trainer)
+    trainer.train(iterations=1)
+    after = weights(trainer)
+    assert torch.equal(before["actor.0.weight"], after["actor.0.weight"])
+    assert not torch.equal(before["critic.0.weight"], after["critic.0.weight"])

@@ -69,7 +69,10 @@ class GSPO(PPO):
         scale = float(self.scaler.get_scale()) if self.scaler else 1.0
         scaled = self.scaler.scale(loss) if self.scaler else loss
         extra = list(self.current_outputs.values()) if self.needs_output_grads else []
-        self._output_grads = self.shaper.backward_with_hessian(scaled, extra, scale)
+        # a frozen actor or critic (dirty-layer training) has outputs without gradients
+        live = iter(self.shaper.backward_with_hessian(
+            scaled, [t for t in extra if t.requires_grad], scale))
+        self._output_grads = [next(live) if t.requires_grad else None for t in extra]
         self.dist.all_reduce_mean(list(self.shaper.pending_diag.values()))
         self.shaper.commit_curvature()
         self._record("perf/hessian_s", time.perf_counter() - t0)
@@ -114,8 +117,13 @@ class GSPO(PPO):
             g_logits, g_value = self._output_grads
         else:
             g_logits, g_value = outputs["logits"].grad, outputs["value"].grad
-        if g_logits is None or g_value is None:
+        if g_logits is None and g_value is None:
             return
+        # a frozen network (dirty-layer training) contributes no gradient: count it as 0
+        if g_logits is None:
+            g_logits = torch.zeros_like(outputs["logits"])
+        if g_value is None:
+            g_value = torch.zeros_like(outputs["value"])
         # undo the minibatch mean, the importance weight and the loss scale so the
         # priority is the sample's own gradient magnitude
         scale = float(self.scaler.get_scale()) if self.scaler else 1.0

@@ -242,7 +242,8 @@ class PPO:
                 outputs = {"logits": logits, "value": newvalue}
                 if self.needs_output_grads:
                     for t in outputs.values():
-                        t.retain_grad()
+                        if t.requires_grad:  # a fully frozen actor or critic has none
+                            t.retain_grad()
                 loss, stats = ppo_loss(
                     newlogprob, entropy, newvalue, b_logprobs[mb_inds], b_advantages[mb_inds],
                     b_returns[mb_inds], b_values[mb_inds], clip_coef=self.clip_coef,

@@ -274,9 +274,12 @@ def _set_tracking(repo: Repo, remote_name: str, remote_ref: str, tip: ObjectId,
 LIST_THRESHOLD = 256  # above this many questions, one listing beats one HEAD per object
 
 
-def _remote_has(store: RemoteStore, ids: list[ObjectId], jobs: int) -> set[ObjectId]:
-    """Which of `ids` the remote holds."""
-    if len(ids) > LIST_THRESHOLD:
+def _remote_has(store: RemoteStore, ids: list[ObjectId], jobs: int,
+                prefer_list: bool = False) -> set[ObjectId]:
+    """Which of `ids` the remote holds (`prefer_list`: the remote is known to be small)."""
+    if not ids:
+        return set()
+    if len(ids) > LIST_THRESHOLD or (prefer_list and len(ids) > 8):
         listed = {ObjectId(k[8:10] + k[11:]) for k in store.list("objects/")
                   if len(k) == 8 + 2 + 1 + 62}
         return set(ids) & listed
@@ -309,7 +312,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
                 known.add(entry.id)
                 tensors.append(entry.id)
     # An interrupted push may have left some of these there: ask, and skip them.
-    there = _remote_has(store, tensors + manifests + commits, jobs)
+    # A remote without refs holds at most leftovers of an interrupted push: list it.
+    there = _remote_has(store, tensors + manifests + commits, jobs, prefer_list=not base)
     data = [o for o in tensors + manifests if o not in there]
     new_commits = [c for c in commits if c not in there]
     missing_local = [o for o in data if not repo.objects.has(o)]

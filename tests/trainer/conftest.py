@@ -1,4 +1,10 @@
+import os
+import sys
+
 import torch
+
+# test-local modules (pz_line_env) import by name under --import-mode=importlib
+sys.path.insert(0, os.path.dirname(__file__))
 
 
 def pytest_configure(config):

@@ -211,3 +211,26 @@ def test_prune_cli(tmp_path, monkeypatch, capsys):
     assert main(["prune", "--keep-last", "2"]) == 0
     assert len(repo.pruned()) == 2
     assert os.path.exists(tmp_path / ".vrl" / "pruned")
+
+
+def test_pruned_snapshot_is_fetched_back_from_a_remote(tmp_path):
+    from vrl.remote.config import add_remote, open_named
+    from vrl.remote.transfer import push
+
+    repo = Repo.init(tmp_path / "work")
+    ids = [repo.commit({"w": torch.full((100,), float(i))}, env=False) for i in range(4)]
+    add_remote(repo, "backup", str(tmp_path / "remote"))
+    store = open_named(repo, "backup")
+    push(repo, store, "backup", ["main"])
+    store.close()
+    assert repo.prune(keep_last=1) == ids[2::-1]
+    repo.gc(grace=0)
+    assert not repo.objects.has(repo.read_manifest(repo.read_commit(ids[0]).manifest)
+                                .tensors["w"].id)
+    assert repo.load(ids[0])["w"][0] == 0.0  # fetched back from the remote
+    from vrl.remote.config import remove_remote
+
+    remove_remote(repo, "backup")
+    repo.gc(grace=0)
+    with pytest.raises(PrunedError, match="add a remote that still has it"):
+        repo.load(ids[1])

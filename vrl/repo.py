@@ -397,12 +397,39 @@ class Repo:
         try:
             return self.load_manifest(manifest, unflatten)
         except PrunedError:
-            if oid in self.pruned():
-                raise PrunedError(f"snapshot {oid[:12]} was pruned by retention (its commit, "
-                                  "metrics and layer statistics are kept, its tensors were "
-                                  "dropped); fetch it from a remote that still has it") \
-                    from None
-            raise
+            if oid not in self.pruned():
+                raise
+            tried = self._fetch_from_remotes(manifest)
+            if tried is True:
+                return self.load_manifest(manifest, unflatten)
+            where = f"no configured remote ({tried}) has it" if tried else \
+                "add a remote that still has it (`vrl remote add`) and retry"
+            raise PrunedError(f"snapshot {oid[:12]} was pruned by retention (its commit, "
+                              "metrics and layer statistics are kept, its tensors were "
+                              f"dropped); {where}") from None
+
+    def _fetch_from_remotes(self, manifest: Manifest) -> bool | str:
+        """Fetch a pruned snapshot's tensors from the first remote that has them.
+
+        Returns True on success, else the names of the remotes tried ("" if none).
+        """
+        from vrl.remote.config import open_named, remotes
+        from vrl.remote.transfer import fetch_objects
+
+        names = list(remotes(self))
+        for name in names:
+            missing = [e.id for e in manifest.tensors.values() if not self.objects.has(e.id)]
+            try:
+                store = open_named(self, name)
+                try:
+                    fetch_objects(self, store, missing)
+                finally:
+                    store.close()
+            except VrlError:
+                continue
+            if all(self.objects.has(e.id) for e in manifest.tensors.values()):
+                return True
+        return ", ".join(names)
 
     def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
         if unflatten is None:

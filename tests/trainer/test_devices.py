@@ -47,3 +47,16 @@ def test_precision():
     assert y.dtype == torch.bfloat16
     with pytest.raises(ValueError):
         Precision("int8", cpu)
+
+
+def test_global_rng_state_round_trip():
+    import random
+
+    import numpy as np
+
+    from trainer.devices import rng_state, set_rng_state
+
+    state = rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == a

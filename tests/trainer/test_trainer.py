@@ -133,8 +133,10 @@ def test_frozen_layers_do_not_change():
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_runs(precision):
-    cfg = PPOConfig(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * 2, hidden_sizes=[16])
+@pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
+def test_mixed_precision_runs(precision, config_cls):
+    cfg = config_cls(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * 2, hidden_sizes=[16],
+                     num_minibatches=4, update_epochs=2)
     env = WarehouseEnv(2, num_agents=4, max_steps=24, layout_kwargs=dict(blocks_x=2, blocks_y=2))
     t = Trainer(env, cfg, precision=precision)
     m = t.train()

@@ -162,7 +162,9 @@ class PPO:
         """One epoch of ``(indices, importance_weights)``: a random permutation."""
         mb_size = batch_size // self.config.num_minibatches
         device = self.agent_device
-        perm = torch.randperm(batch_size, generator=self.generator, device="cpu").to(device)
+        gen = self.generator
+        perm = torch.randperm(batch_size, generator=gen,
+                              device=gen.device if gen is not None else device).to(device)
         for start in range(0, batch_size - mb_size + 1, mb_size):
             yield perm[start:start + mb_size], None
 

@@ -452,6 +452,9 @@ class Repo:
             self.refs.set_head(f"refs/heads/{create_branch}",
                                reason=f"checkout: moving to new branch {create_branch}")
         elif self._is_branch(rev):
+            # HEAD attaches to the branch, so its tip is what is checked out, even where a
+            # tag of the same name resolves elsewhere (as `git checkout` does)
+            oid = self.refs.read(f"refs/heads/{rev}") or oid
             self.refs.set_head(f"refs/heads/{rev}", reason=f"checkout: moving to {rev}")
         else:
             self.refs.set_head(oid, reason=f"checkout: moving to {rev}")

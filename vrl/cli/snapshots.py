@@ -110,7 +110,7 @@ def checkout(repo: Repo, rev: str | None, new_branch: str | None, force: bool,
     write = not no_workspace
     if write and not force:
         repo.ensure_clean_workspace()
-    repo.checkout(rev, create_branch=new_branch)
+    target = repo.checkout(rev, create_branch=new_branch)  # a branch wins over a tag
     if write:
         repo.write_workspace(target)
     branch = repo.current_branch()

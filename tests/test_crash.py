@@ -1,0 +1,288 @@
+"""Crash safety: a process committing snapshots is killed (SIGKILL, or an injected exit in
+the middle of a write) at many points; afterwards the repository must open, fsck must find
+no problem (orphan objects allowed), every ref must resolve to a complete commit, and every
+snapshot the process reported as committed must restore bit-exactly.
+
+The committing processes are forked from a multiprocessing fork server that has already
+imported torch and vrl, so a kill-and-restart costs milliseconds instead of seconds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import vrl.object_store
+import vrl.refs
+from vrl import Repo
+from vrl.errors import RefConflictError
+
+READY = "ready"
+TIMEOUT = 30.0  # bound on any single wait
+
+
+def make_state(seed: int) -> dict[str, torch.Tensor]:
+    """The snapshot committed for `seed`: some tensors change every commit, some every
+    few commits (reused objects), one never; mixed dtypes and a 0-d tensor."""
+    g = torch.Generator().manual_seed(seed)
+    slow = torch.Generator().manual_seed(10_000 + seed // 3)
+    return {
+        "actor.0.weight": torch.randn(24, 16, generator=g),
+        "actor.0.bias": torch.randn(24, generator=slow).to(torch.bfloat16),
+        "critic.weight": torch.randint(-128, 127, (40,), generator=slow, dtype=torch.int8),
+        "mask": torch.arange(12) % 3 == 0,
+        "step": torch.tensor(seed),
+    }
+
+
+def raw(t: torch.Tensor) -> bytes:
+    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def assert_restores(repo: Repo, cid: str, seed: int) -> None:
+    got = repo.load(cid)
+    want = make_state(seed)
+    assert list(got) == list(want), cid
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype and got[name].shape == t.shape, (cid, name)
+        assert raw(got[name]) == raw(t), (cid, name)
+
+
+# ------------------------------------------------------------------------ child side
+
+
+def _install_fault(fault: tuple[str, int] | None) -> None:
+    """Make the k-th call of a write-path function die half-way, like a power cut."""
+    if fault is None:
+        return
+    where, k = fault
+    calls = [0]
+
+    def due() -> bool:
+        calls[0] += 1
+        return calls[0] >= k
+
+    if where == "object":  # mid-object: half of a chunk reaches the temp file
+        real = vrl.object_store._write_all
+
+        def write_all(fd, data):
+            if due():
+                view = memoryview(data).cast("B")
+                real(fd, view[: len(view) // 2])
+                os._exit(99)
+            real(fd, data)
+
+        vrl.object_store._write_all = write_all
+    elif where == "ref":  # lock held, ref's temp file written, not renamed yet
+        real_ref = vrl.refs.RefStore._write_file
+
+        def write_file(self, path, text):
+            if due():
+                tmp = path.with_name(f".tmp-{os.getpid()}-crash")
+                tmp.write_text(text[: len(text) // 2])
+                os._exit(99)
+            real_ref(self, path, text)
+
+        vrl.refs.RefStore._write_file = write_file
+    elif where == "reflog":  # ref moved, reflog not yet written, lock still held
+        real_log = vrl.refs.RefStore._append_log
+
+        def append_log(self, *args):
+            if due():
+                os._exit(99)
+            real_log(self, *args)
+
+        vrl.refs.RefStore._append_log = append_log
+    else:
+        raise ValueError(where)
+
+
+def committer(path: str, first_seed: int, conn, fault=None, gc_every: int = 0) -> None:
+    """Commit make_state(seed) for seed = first_seed, first_seed+1, ... until killed;
+    report each id only after commit() returned."""
+    torch.set_num_threads(1)
+    repo = Repo(path)
+    _install_fault(fault)
+    conn.send(READY)
+    seed = first_seed
+    while True:
+        cid = repo.commit(make_state(seed), message=f"seed {seed}", step=seed, env=False)
+        conn.send((seed, cid))
+        if gc_every and seed % gc_every == 0:
+            repo.gc(grace=0)  # removes the orphans of earlier crashes
+        seed += 1
+
+
+# ------------------------------------------------------------------------ parent side
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    """Processes forked from a server that has imported torch and vrl. It unpickles this
+    module's functions by name (`tests.<module>`), so the repository root must be on
+    the path the server starts with, whatever the current directory is."""
+    root = str(Path(__file__).resolve().parents[1])
+    added = root not in sys.path
+    if added:
+        sys.path.append(root)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "vrl.repo", "vrl.tensors", "vrl.diff"])
+    yield ctx
+    if added:
+        sys.path.remove(root)
+
+
+def _recv_ready(conn, proc) -> None:
+    assert conn.poll(TIMEOUT), "child never became ready"
+    assert conn.recv() == READY
+
+
+def _drain(conn) -> list[tuple[int, str]]:
+    out = []
+    while True:
+        try:
+            if not conn.poll(TIMEOUT):
+                raise AssertionError("child's pipe stayed open after it died")
+            out.append(conn.recv())
+        except EOFError:
+            return out
+
+
+def run_child(ctx, path: Path, first_seed: int, *, kill_after: float | None = None,
+              fault=None, gc_every: int = 0) -> tuple[list[tuple[int, str]], int]:
+    """Start a committer; SIGKILL it `kill_after` seconds after it is ready (or let an
+    injected fault end it). Return what it reported and its exit code."""
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=committer, args=(str(path), first_seed, child_conn, fault,
+                                               gc_every), daemon=True)
+    proc.start()
+    child_conn.close()
+    try:
+        _recv_ready(parent_conn, proc)
+        if kill_after is not None:
+            time.sleep(kill_after)  # the random kill point, not synchronisation
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(TIMEOUT)
+        assert proc.exitcode is not None, "child did not end"
+        return _drain(parent_conn), proc.exitcode
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(TIMEOUT)
+        parent_conn.close()
+
+
+def check_repository(path: Path, committed: dict[int, str]) -> list[str]:
+    """Everything the crash test promises, from a freshly opened repository."""
+    repo = Repo(path, verify=True)
+    report = repo.fsck()
+    assert report["ok"], report["problems"]
+    refs = dict(repo.refs.list())
+    head = repo.head()
+    if head is not None:
+        refs["HEAD"] = head
+    for name, oid in refs.items():  # each ref: a complete commit (all objects present)
+        commit = repo.read_commit(oid)
+        manifest = repo.read_manifest(commit.manifest)
+        for entry in manifest.tensors.values():
+            assert repo.objects.has(entry.id), (name, entry)
+    if repo.refs.read("refs/heads/main") is None:
+        assert not committed
+        return []
+    history = [e.id for e in repo.log("main")]
+    for seed, cid in committed.items():
+        assert cid in history, f"reported commit {cid[:12]} (seed {seed}) lost"
+        assert_restores(repo, cid, seed)
+    # linear and in commit order: each snapshot's seed is its parent's plus one
+    steps = [repo.read_commit(c).step for c in history]
+    assert steps == list(range(steps[0], steps[0] - len(steps), -1))
+    return history
+
+
+def _next_seed(path: Path) -> int:
+    head = Repo(path).head()
+    return 0 if head is None else Repo(path).read_commit(head).step + 1
+
+
+def test_sigkill_at_random_points(tmp_path, ctx):
+    path = tmp_path / "repo"
+    Repo.init(path)
+    rng = random.Random(1234)
+    committed: dict[int, str] = {}
+    exits = set()
+    for round_ in range(24):
+        reported, code = run_child(ctx, path, _next_seed(path),
+                                   kill_after=rng.uniform(0.0, 0.35),
+                                   gc_every=5 if round_ % 4 == 3 else 0)
+        exits.add(code)
+        committed.update(reported)
+        check_repository(path, committed)
+    # every child was still committing when killed (an error, e.g. a lock it could not
+    # take, would have ended it with another exit code), and commits kept landing
+    assert exits == {-signal.SIGKILL}
+    assert len(committed) >= 10
+
+
+@pytest.mark.parametrize("where,calls", [("object", range(1, 40, 3)), ("ref", range(1, 5)),
+                                         ("reflog", range(1, 5))])
+def test_injected_crash_inside_write_path(tmp_path, ctx, where, calls):
+    """Deterministic crash points: the k-th object chunk written half-way, a ref's temp
+    file written but not renamed (lock held), the ref moved but its reflog not written."""
+    path = tmp_path / "repo"
+    Repo.init(path)
+    committed: dict[int, str] = {}
+    for rounds, k in enumerate(calls, 1):
+        reported, code = run_child(ctx, path, _next_seed(path), fault=(where, k))
+        assert code == 99, f"fault {where}#{k} never fired"
+        committed.update(reported)
+        history = check_repository(path, committed)
+        if where == "reflog":  # the ref had moved: that commit is complete and in history
+            assert len(history) == len(committed) + rounds
+        else:  # the commit being written never landed
+            assert len(history) == len(committed)
+    # every crash left the lock behind: the next commit must still go through
+    locks = list((path / ".vrl").rglob("*.lock"))
+    if where != "object":
+        assert locks, "the crash should have left a lock file behind"
+    repo = Repo(path)
+    start = time.monotonic()
+    cid = repo.commit(make_state(_next_seed(path)), env=False, step=_next_seed(path))
+    assert time.monotonic() - start < 5
+    assert repo.head() == cid
+    assert not list((path / ".vrl").rglob("*.lock"))
+
+
+def test_lock_of_dead_process_is_broken(tmp_path, ctx):
+    path = tmp_path / "repo"
+    repo = Repo.init(path)
+    repo.commit(make_state(0), env=False, step=0)
+    proc = ctx.Process(target=os.getpid)  # a pid that is certainly dead afterwards
+    proc.start()
+    proc.join(TIMEOUT)
+    lock = path / ".vrl/refs/heads/main.lock"
+    lock.write_text(f"{proc.pid} {socket.gethostname()}\n")
+    start = time.monotonic()
+    repo.commit(make_state(1), env=False, step=1)
+    assert time.monotonic() - start < 5
+    assert not lock.exists()
+
+
+def test_lock_of_live_process_is_respected(tmp_path):
+    path = tmp_path / "repo"
+    repo = Repo.init(path)
+    repo.commit(make_state(0), env=False, step=0)
+    lock = path / ".vrl/refs/heads/main.lock"
+    lock.write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    with pytest.raises(RefConflictError, match="locked by another vrl process"):
+        with repo.refs.lock("refs/heads/main", timeout=0.3):
+            pass
+    assert lock.exists()

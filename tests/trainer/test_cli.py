@@ -32,3 +32,9 @@ def test_bad_override_is_a_short_error():
 def test_bad_env_is_a_short_error():
     result = CliRunner().invoke(train, ["--env", "atari", "--device", "cpu"])
     assert result.exit_code == 1 and "unknown env 'atari'" in result.output
+
+
+def test_unknown_env_option_is_a_short_error():
+    result = CliRunner().invoke(train, ["--set", "env.speed=3", "--device", "cpu"])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: unknown warehouse option(s) ['speed']")

@@ -7,7 +7,8 @@ floored so a long run cannot collapse it to ~0::
 
 In GSPO it is also the surrogate clip coefficient. Each layer ``l`` (the parameters of
 one module) has a sensitivity, the EMA of its gradient-to-weight norm ratio
-``s_l = EMA ||g_l|| / ||w_l||``; sensitive layers get a smaller radius::
+``s_l = EMA ||g_l|| / ||w_l||`` (gradient after shaping and norm clipping); sensitive
+layers get a smaller radius::
 
     scale_l = clip(mean_k s_k / s_l, min_scale, max_scale)
     rho_l   = radius_scale * eps_t * scale_l * ||w_l||

@@ -9,10 +9,10 @@ backward). Two per-parameter statistics are kept as exponential moving averages:
 
 and every gradient is damped as
 
-    g_i <- g_i / (1 + kappa * f_i * h_i / mean_{j in layer} h_j)
+    g_i <- g_i / (1 + kappa * f_i * h_i / mean_{j in the same tensor} h_j)
 
 so only parameters that are both oscillating (high ``f``) and stiff relative to their
-layer (high ``h``) are slowed; flat or steadily moving ones keep their full gradient.
+neighbours (high ``h``) are slowed; flat or steadily moving ones keep their full gradient.
 """
 
 from __future__ import annotations

@@ -104,6 +104,10 @@ class WarehouseEnv:
     ) -> None:
         cfg = config or WarehouseConfig()
         if overrides:
+            unknown = set(overrides) - set(cfg.__dict__)
+            if unknown:
+                raise ValueError(f"unknown warehouse option(s) {sorted(unknown)}; "
+                                 f"known: {sorted(cfg.__dict__)}")
             cfg = WarehouseConfig(**{**cfg.__dict__, **overrides})
         self.cfg = cfg
         self.device = torch.device(device)

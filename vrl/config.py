@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from vrl.errors import VrlError
-from vrl.object_store import storage_error
+from vrl.object_store import discard, storage_error
 
 DEFAULTS = {
     "core": {"fsync": "true", "verify": "false", "workspace": "policy.safetensors"},
@@ -63,5 +63,5 @@ class Config:
                 self.parser.write(f)
             os.replace(tmp, self.path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
             raise storage_error(exc, self.path.parent, "writing the config") from exc

@@ -101,6 +101,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def discard(path: Path) -> None:
+    """Remove a temp file if it is there, never raising: on a read-only filesystem even a
+    file that does not exist gives EROFS, which must not hide the error being reported."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
 def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
     """Turn a low-level OSError into a one-line StorageError that says what to do."""
     if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
@@ -190,11 +197,11 @@ class FileObjectStore(ObjectStore):
                 os.close(fd)
                 raise
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
             raise storage_error(exc, self.root.parent, f"writing {what} {final.parent.name}"
                                 f"{final.name[:10]}") from exc
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
             raise
         if self._pool is not None and self.fsync:
             self._inflight.add(final)
@@ -211,7 +218,7 @@ class FileObjectStore(ObjectStore):
                 os.close(fd)
             os.replace(tmp, final)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
             raise storage_error(exc, self.root.parent, f"writing {what} {final.parent.name}"
                                 f"{final.name[:10]}") from exc
         self._dirty_dirs.add(final.parent)

@@ -8,6 +8,7 @@ file, fsync, rename it over the ref. Readers never see a torn ref because rename
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -19,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from vrl.errors import InvalidRefNameError, RefConflictError, RevisionError, StorageError
-from vrl.object_store import storage_error
+from vrl.object_store import discard, storage_error
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
@@ -159,8 +160,12 @@ class RefStore:
             except OSError as exc:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
         try:
-            os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-            os.close(fd)
+            try:
+                os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+            except OSError as exc:  # e.g. the disk is full
+                raise storage_error(exc, self.root, f"locking {name}") from exc
+            finally:
+                os.close(fd)
             yield
         finally:
             lock.unlink(missing_ok=True)
@@ -201,7 +206,7 @@ class RefStore:
                 finally:
                     os.close(fd)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            discard(tmp)
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
 
     def update(self, name: str, new: ObjectId | None, expected: object = ANY,
@@ -232,44 +237,73 @@ class RefStore:
                     raise storage_error(exc, self.root, f"deleting {name}") from exc
                 self._remove_log(name)
             else:
-                self._write_file(path, new + "\n")
-                self._append_log(name, old, new, reason)
-            if name != "HEAD" and self.head_target() == name and new is not None:
-                self._append_log("HEAD", old, new, reason)
+                logs = [name] + (["HEAD"] if name != "HEAD" and self.head_target() == name
+                                 else [])
+                self._write_logged(path, new + "\n", [(log, old, new) for log in logs], reason)
         return old
+
+    def _write_logged(self, path: Path, text: str,
+                      logs: list[tuple[str, ObjectId | None, ObjectId | None]],
+                      reason: str) -> None:
+        """Reflog entries first, then the ref (as Git does): if either fails (disk full),
+        the entries already appended are taken back, so the error leaves nothing changed."""
+        appended: list[tuple[Path, int, int]] = []
+        try:
+            for log, old, new in logs:
+                appended.append(self._append_log(log, old, new, reason))
+            self._write_file(path, text)
+        except StorageError:
+            for entry in reversed(appended):
+                self._undo_log(*entry)
+            raise
 
     def set_head(self, target: str, reason: str = "") -> None:
         """Attach HEAD to a branch ref (`refs/heads/x`) or detach it at a commit id."""
         with self.lock("HEAD"):
             old = self.read("HEAD")
             if is_object_id(target):
-                self._write_file(self._path("HEAD"), target + "\n")
-                new = ObjectId(target)
+                text, new = target + "\n", ObjectId(target)
             else:
                 self._path(target)  # validates
-                self._write_file(self._path("HEAD"), f"ref: {target}\n")
-                new = self.read(target)
-            if new and new != old or reason.startswith("checkout"):
-                self._append_log("HEAD", old, new, reason)
+                text, new = f"ref: {target}\n", self.read(target)
+            log = new and new != old or reason.startswith("checkout")
+            self._write_logged(self._path("HEAD"), text, [("HEAD", old, new)] if log else [],
+                               reason)
 
     # ---------------------------------------------------------------- reflog
     def _log_path(self, name: str) -> Path:
         return self.root / "logs" / name
 
     def _append_log(self, name: str, old: ObjectId | None, new: ObjectId | None,
-                    reason: str) -> None:
+                    reason: str) -> tuple[Path, int, int]:
+        """Append one line; return (path, size after, bytes written) for `_undo_log`."""
         path = self._log_path(name)
-        line = f"{old or ZERO} {new or ZERO} {utc_now()} {self.who}\t" \
-               f"{reason.splitlines()[0] if reason else ''}\n"
+        line = (f"{old or ZERO} {new or ZERO} {utc_now()} {self.who}\t"
+                f"{reason.splitlines()[0] if reason else ''}\n").encode()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                os.write(fd, line.encode())
+                written = os.write(fd, line)
+                end = os.fstat(fd).st_size
             finally:
                 os.close(fd)
+            if written != len(line):  # a full disk can write part of the line
+                self._undo_log(path, end, written)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as exc:
             raise storage_error(exc, self.root, f"writing the reflog of {name}") from exc
+        return path, end, written
+
+    @staticmethod
+    def _undo_log(path: Path, end: int, written: int) -> None:
+        """Take back an appended line, unless another process has appended since."""
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == end:
+                if end == written:
+                    path.unlink()  # the log did not exist before
+                else:
+                    os.truncate(path, end - written)
 
     def _remove_log(self, name: str) -> None:
         with contextlib.suppress(OSError):

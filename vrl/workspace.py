@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vrl.errors import CheckpointError
-from vrl.object_store import storage_error
+from vrl.object_store import discard, storage_error
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -97,10 +97,10 @@ def write_checkpoint(tree: Any, path: str | Path) -> None:
             torch.save(_numpy_to_torch(tree), tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise storage_error(exc, path.parent, f"writing {path.name}") from exc
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise
 
 

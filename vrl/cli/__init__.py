@@ -71,7 +71,8 @@ for module in (snapshots, history, refs, maintenance, remotes):
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: known errors become one line on stderr and exit code 1."""
     try:
-        cli.main(args=argv, prog_name="vrl", standalone_mode=False)
+        # Without standalone mode, click returns the code of an explicit exit (e.g. fsck's)
+        code = cli.main(args=argv, prog_name="vrl", standalone_mode=False)
     except VrlError as exc:
         if os.environ.get("VRL_DEBUG"):
             raise
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 141
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

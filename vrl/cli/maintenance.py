@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from vrl.cli._common import echo_json, json_option, pass_repo
@@ -46,7 +44,7 @@ def fsck(repo: Repo, as_json: bool) -> None:
         state = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
         click.echo(f"checked {report['objects']} objects: {state}")
     if not report["ok"]:
-        sys.exit(1)
+        raise click.exceptions.Exit(1)  # main() returns it (sys.exit would escape main)
 
 
 @click.command()

@@ -314,3 +314,26 @@ StoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow], print_blob=True,
 )
 test_store_state_machine = StoreMachine.TestCase
+
+
+def test_checkout_of_a_name_that_is_a_branch_and_a_tag(tmp_path, capsys, monkeypatch):
+    """Found by the state machine: `checkout dev` attached HEAD to branch dev but returned
+    (and the CLI wrote to the workspace) the snapshot of *tag* dev. Git's rule: a branch
+    name given to checkout means the branch."""
+    from vrl.cli import main
+    from vrl.workspace import read_checkpoint
+
+    repo = Repo.init(tmp_path)
+    old = repo.commit({"w": torch.zeros(3)}, env=False, message="old")
+    repo.tag("dev")
+    new = repo.commit({"w": torch.ones(3)}, env=False, message="new")
+    repo.branch("dev")
+    repo.checkout(old)
+    assert repo.resolve("dev") == old  # a revision resolves tags first, as in git
+    assert repo.checkout("dev") == new
+    assert (repo.head(), repo.current_branch()) == (new, "dev")
+    repo.checkout(old)
+    monkeypatch.chdir(tmp_path)
+    assert main(["checkout", "dev", "--force"]) == 0
+    assert "Switched to branch 'dev'" in capsys.readouterr().out
+    assert torch.equal(read_checkpoint(tmp_path / "policy.safetensors")["w"], torch.ones(3))

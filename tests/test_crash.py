@@ -284,3 +284,26 @@ def test_lock_of_live_process_is_respected(tmp_path):
         with repo.refs.lock("refs/heads/main", timeout=0.3):
             pass
     assert lock.exists()
+
+
+def test_a_late_breaker_never_breaks_a_fresh_lock(tmp_path, ctx, monkeypatch):
+    """Two processes judge the same dead lock stale; the first breaks it and takes a fresh
+    lock; the second, arriving late, must re-check and leave the fresh lock alone."""
+    path = tmp_path / "repo"
+    repo = Repo.init(path)
+    proc = ctx.Process(target=os.getpid)
+    proc.start()
+    proc.join(TIMEOUT)
+    lock = path / ".vrl/refs/heads/main.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(f"{proc.pid} {socket.gethostname()}\n")
+    refs = repo.refs
+    assert refs._is_stale(lock)  # the late breaker's first look
+    with refs.lock("refs/heads/main"):  # the first breaker wins and holds a fresh lock
+        fresh = lock.read_text()
+        real = type(refs)._is_stale
+        looks = iter([True])  # the late breaker still believes its first look ...
+        monkeypatch.setattr(type(refs), "_is_stale",
+                            staticmethod(lambda p: next(looks, None) or real(p)))
+        refs._break_stale(lock)  # ... but re-checks under the break mutex
+        assert lock.read_text() == fresh

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -139,9 +140,9 @@ class RefStore:
 
     # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def lock(self, name: str, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    def lock(self, name: str, timeout: float | None = None) -> Iterator[None]:
         lock = self._path(name).with_name(self._path(name).name + ".lock")
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (LOCK_TIMEOUT if timeout is None else timeout)
         delay = 0.001
         while True:
             try:
@@ -171,23 +172,43 @@ class RefStore:
             lock.unlink(missing_ok=True)
 
     @staticmethod
-    def _break_stale(lock: Path) -> bool:
-        """Remove a lock left by a process that died (same host) or one that is very old."""
+    def _is_stale(lock: Path) -> bool | None:
+        """True if the lock's owner died (same host) or it is very old; None if it vanished."""
         try:
             text = lock.read_text().split()
             age = time.time() - lock.stat().st_mtime
-        except (FileNotFoundError, OSError):
-            return True  # vanished: retry at once
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return False
         dead = (len(text) == 2 and text[1] == socket.gethostname() and text[0].isdigit()
                 and not _pid_alive(int(text[0])))
-        if dead or age > STALE_LOCK_AGE or (not text and age > 2.0):
-            # Rename first so two breakers cannot both delete a fresh lock.
-            grave = lock.with_name(lock.name + f".stale-{secrets.token_hex(4)}")
-            with contextlib.suppress(OSError):
-                os.rename(lock, grave)
-                grave.unlink()
+        return dead or age > STALE_LOCK_AGE or (not text and age > 2.0)
+
+    def _break_stale(self, lock: Path) -> bool:
+        """Remove a stale lock; True if the caller should retry at once.
+
+        Two processes may judge the same lock stale; the first breaks it and takes a fresh
+        lock, which the second must not break. So breaking is serialised by an flock on
+        `lock-break` (released by the kernel if its holder dies) and staleness is
+        re-checked under it: only breakers ever delete a lock they do not own.
+        """
+        stale = self._is_stale(lock)
+        if stale is None:
             return True
-        return False
+        if not stale:
+            return False
+        try:
+            fd = os.open(self.root / "lock-break", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._is_stale(lock):
+                discard(lock)
+        finally:
+            os.close(fd)  # releases the flock
+        return True
 
     def _write_file(self, path: Path, text: str) -> None:
         tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(6)}")

@@ -30,7 +30,7 @@ from vrl.errors import (
     VrlError,
     WorkspaceError,
 )
-from vrl.object_store import FileObjectStore, storage_error
+from vrl.object_store import FileObjectStore, discard, storage_error
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
@@ -188,9 +188,9 @@ class Repo:
             self.fetch_missing(missing)
             missing = [m for m in missing if not self.objects.has(m)]
         if missing:
-            raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository (the "
-                              "snapshot was pruned or cloned with --metadata-only); fetch it "
-                              "from a remote that has it")
+            raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
+                              "(pruned, cloned with --metadata-only, or lost: `vrl fsck` "
+                              "checks); fetch it from a remote that has it")
 
     # ------------------------------------------------------------------ revisions
     def head(self) -> ObjectId | None:
@@ -703,7 +703,7 @@ class Repo:
         if not dry_run:
             for tmp, mtime in self.objects.temp_files():
                 if mtime < cutoff:
-                    tmp.unlink(missing_ok=True)
+                    discard(tmp)
         return count, freed
 
     def fsck(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -749,7 +749,7 @@ class Repo:
             for name, entry in manifest.tensors.items():
                 referenced.add(entry.id)
                 if entry.id not in kinds:
-                    if not (pruned or lazy):
+                    if not (pruned or lazy or self.objects.has(entry.id)):  # corrupt: said
                         problems.append(f"commit {oid[:12]}: tensor {name} ({entry.id[:12]}) "
                                         "is missing")
                 elif kinds[entry.id] != "tensor" or sizes[entry.id] != entry.nbytes:

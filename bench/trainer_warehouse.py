@@ -38,40 +38,59 @@ def config(seed: int, steps: int, flags: dict, extra: dict) -> GSPOConfig:
                       **flags, **extra)
 
 
-def summarise(results: dict) -> dict:
-    """Per variant: final return/deliveries (mean +- std over seeds), iterations to reach
-    90% of PPO's improvement, stability (std of the last 5 evaluation returns), update time."""
-    def final(run, key):
-        evals = [e[key] for e in run["evaluations"]]
-        return float(np.mean(evals[-3:]))
+def _train_curve(run: dict, key: str = "charts/episodic_return") -> tuple[list, list]:
+    pts = [(m["iteration"], m[key]) for m in run["iterations"] if key in m]
+    return [p[0] for p in pts], [p[1] for p in pts]
 
-    ppo_runs = results.get("ppo", [])
+
+def _smooth(ys: list[float], k: int = 3) -> list[float]:
+    return [float(np.mean(ys[max(0, i - k + 1):i + 1])) for i in range(len(ys))]
+
+
+def summarise(results: dict) -> dict:
+    """Per variant (mean +- std over seeds): final training return and deliveries (last 5
+    logged episodes), final evaluation return and deliveries (last evaluation), iterations
+    until the smoothed training return first reaches 90% of PPO's improvement, within-run
+    return std over the last 4 evaluations and over the last 10 logged training episodes
+    ("policy stability"), and seconds per update."""
+    def ms(xs):
+        xs = [x for x in xs if x is not None]
+        return [float(np.mean(xs)), float(np.std(xs))] if xs else None
+
     target = None
-    if ppo_runs:
-        start = np.mean([r["evaluations"][0]["eval/return"] for r in ppo_runs])
-        end = np.mean([final(r, "eval/return") for r in ppo_runs])
-        target = float(start + 0.9 * (end - start))
+    if results.get("ppo"):
+        starts = [_train_curve(r)[1][0] for r in results["ppo"]]
+        ends = [float(np.mean(_train_curve(r)[1][-5:])) for r in results["ppo"]]
+        target = float(np.mean(starts) + 0.9 * (np.mean(ends) - np.mean(starts)))
     table = {}
     for name, runs in results.items():
-        rets = [final(r, "eval/return") for r in runs]
-        dels = [final(r, "eval/deliveries") for r in runs]
-        stab = [float(np.std([e["eval/return"] for e in r["evaluations"][-5:]])) for r in runs]
-        upd = [float(np.mean([m["perf/update_s"] for m in r["iterations"]])) for r in runs]
         reach = []
         for r in runs:
-            hit = [e["iteration"] for e in r["evaluations"]
-                   if target is not None and e["eval/return"] >= target]
+            its, ys = _train_curve(r)
+            hit = [i for i, y in zip(its, _smooth(ys), strict=True)
+                   if target is not None and y >= target]
             reach.append(hit[0] if hit else None)
         table[name] = {
             "seeds": len(runs),
-            "final_return": [float(np.mean(rets)), float(np.std(rets))],
-            "final_deliveries": [float(np.mean(dels)), float(np.std(dels))],
+            "train_final_return": ms([np.mean(_train_curve(r)[1][-5:]) for r in runs]),
+            "train_final_deliveries": ms([np.mean(_train_curve(r, "env/deliveries")[1][-5:])
+                                          for r in runs]),
+            "eval_final_return": ms([r["evaluations"][-1]["eval/return"] for r in runs]),
+            "eval_final_deliveries": ms([r["evaluations"][-1]["eval/deliveries"]
+                                         for r in runs]),
+            "eval_final_collisions": ms([r["evaluations"][-1]["eval/collisions"]
+                                         for r in runs]),
             "iterations_to_90pct_of_ppo": reach,
-            "return_std_last5_evals": [float(np.mean(stab)), float(np.std(stab))],
-            "update_s": float(np.mean(upd)),
+            "iterations_to_90pct_mean": ms(reach),
+            "return_std_last4_evals": ms([np.std([e["eval/return"]
+                                                  for e in r["evaluations"][-4:]])
+                                          for r in runs]),
+            "return_std_last10_train": ms([np.std(_train_curve(r)[1][-10:]) for r in runs]),
+            "update_s": float(np.mean([m["perf/update_s"] for r in runs
+                                       for m in r["iterations"]])),
             "wall_s": float(np.mean([r["wall_s"] for r in runs])),
         }
-    return {"ppo_90pct_target_return": target, "variants": table}
+    return {"ppo_90pct_target_train_return": target, "variants": table}
 
 
 def main() -> None:
@@ -115,13 +134,16 @@ def main() -> None:
     summary["env"] = env_kwargs
     summary["worlds"] = WORLDS
     save("trainer_warehouse.json", summary)
-    for key, label in (("eval/return", "return"), ("eval/deliveries", "deliveries")):
-        series = {name: [([e["charts/global_step"] if "charts/global_step" in e else
-                           e["iteration"] * WORLDS * 20 * 128 for e in r["evaluations"]],
-                          [e[key] for e in r["evaluations"]]) for r in runs]
-                  for name, runs in results.items()}
+    per_iteration = WORLDS * env_kwargs["num_agents"] * 128
+    for key, label in (("charts/episodic_return", "return"), ("env/deliveries", "deliveries")):
+        series = {}
+        for name, runs in results.items():
+            series[name] = []
+            for r in runs:
+                its, ys = _train_curve(r, key)
+                series[name].append(([i * per_iteration for i in its], _smooth(ys)))
         plot_curves(OUT / f"trainer_warehouse_{label}.png", series, "agent-steps",
-                    f"evaluation {label}", f"Warehouse, 20 AGVs: {label}")
+                    f"training {label} per episode", f"Warehouse, 20 AGVs: {label}")
     print(json.dumps(summary, indent=1))
 
 

@@ -53,7 +53,7 @@ def policy_step(steps: int, seed: int = 0) -> None:
 @click.argument("directory", default="vrl-demo")
 def main(directory: str) -> None:
     """Run the store demo in DIRECTORY (recreated)."""
-    root = Path(directory)
+    root = Path(directory).resolve()
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
@@ -72,7 +72,7 @@ def main(directory: str) -> None:
     run("reset", "--hard", "v1")
     run("status")
     run("fsck")
-    click.echo(f"\nDone: the repository is in {root.resolve()}/.vrl")
+    click.echo(f"\nDone: the repository is in {root}/.vrl")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--set", nargs="*", default=[], help="extra config key=value")
+    ap.add_argument("--tag", default="", help="suffix of the output files")
     args = ap.parse_args()
     from trainer.config import parse_override
 
@@ -111,7 +112,8 @@ def main() -> None:
     baseline = {k: float(np.mean([ep[k] for ep in classical])) for k in classical[0]}
     print("baseline:", baseline, flush=True)
 
-    path = OUT / "trainer_warehouse_runs.json"
+    tag = f"_{args.tag}" if args.tag else ""
+    path = OUT / f"trainer_warehouse{tag}_runs.json"
     results: dict[str, list] = json.loads(path.read_text()) if path.exists() else {}
     for seed in args.seeds:
         for name in args.variants:
@@ -133,7 +135,7 @@ def main() -> None:
     summary["steps_per_run"] = args.steps
     summary["env"] = env_kwargs
     summary["worlds"] = WORLDS
-    save("trainer_warehouse.json", summary)
+    save(f"trainer_warehouse{tag}.json", summary)
     per_iteration = WORLDS * env_kwargs["num_agents"] * 128
     for key, label in (("charts/episodic_return", "return"), ("env/deliveries", "deliveries")):
         series = {}
@@ -142,7 +144,7 @@ def main() -> None:
             for r in runs:
                 its, ys = _train_curve(r, key)
                 series[name].append(([i * per_iteration for i in its], _smooth(ys)))
-        plot_curves(OUT / f"trainer_warehouse_{label}.png", series, "agent-steps",
+        plot_curves(OUT / f"trainer_warehouse{tag}_{label}.png", series, "agent-steps",
                     f"training {label} per episode", f"Warehouse, 20 AGVs: {label}")
     print(json.dumps(summary, indent=1))
 

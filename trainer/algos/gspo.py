@@ -106,6 +106,9 @@ class GSPO(PPO):
         mb_size = batch_size // self.config.num_minibatches
         idx, weights = self.sampler.sample(mb_size * self.config.num_minibatches,
                                            self.replay_beta)
+        # Adam is nearly invariant to the overall weight scale; the spread is what matters
+        self._record("gspo/replay_mean_weight", float(weights.mean()))
+        self._record("gspo/replay_unique_fraction", idx.unique().numel() / batch_size)
         for start in range(0, idx.numel(), mb_size):
             yield idx[start:start + mb_size], weights[start:start + mb_size]
 

@@ -13,6 +13,7 @@ Public surface used by hooks and by the store:
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -234,7 +235,10 @@ class Trainer:
 
     # -------------------------------------------------------------- snapshot
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: tensors plus plain Python values."""
+        """Everything needed to resume exactly: tensors plus plain Python values.
+
+        The result shares no storage with the live trainer, so it stays valid while
+        training continues."""
         return {
             "version": STATE_VERSION,
             "config": config_to_dict(self.config),
@@ -242,7 +246,9 @@ class Trainer:
             "global_step": self.global_step,
             "num_iterations": self.num_iterations,
             "model": {k: v.detach().clone() for k, v in self.agent.state_dict().items()},
-            "algo": self.algo.state_dict(),
+            # deep copy: Adam updates its moments in place, and a hook may serialise
+            # this snapshot in the background while training goes on
+            "algo": copy.deepcopy(self.algo.state_dict()),
             "rng": {"action": self.action_generator.get_state(),
                     "update": self.update_generator.get_state(),
                     "global": rng_state()},

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -105,6 +104,3 @@ def train(env, algo, config_path, overrides, steps, seed, device, precision, out
                                            "charts/SPS") if k in metrics}
         click.echo(json.dumps(summary, sort_keys=True))
 
-
-def main() -> None:  # pragma: no cover - thin wrapper
-    train(prog_name="python -m trainer" if sys.argv[0].endswith("__main__.py") else None)

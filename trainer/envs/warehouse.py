@@ -41,6 +41,7 @@ from trainer.envs.layouts import Layout, warehouse_layout
 # stay, up, down, left, right as (d_row, d_col)
 MOVES = ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1))
 ACTION_NAMES = ("stay", "up", "down", "left", "right")
+AGV_LETTERS = "abcefghijklmnoqrstuvwxyz"
 
 
 @dataclass
@@ -337,13 +338,14 @@ class WarehouseEnv:
 
     # ----------------------------------------------------------------- render
     def render_text(self, world: int = 0) -> str:
-        """ASCII frame: shelves ``#``, stations ``P``/``D``, AGVs ``a``.. (upper case: loaded)."""
+        """ASCII frame: shelves ``#``, stations ``P``/``D``, AGVs ``a``, ``b``.. (upper case:
+        loaded; the letters d and p are skipped so they never look like stations)."""
         grid = [list(row) for row in self.layout.rows]
         pos = self.pos[world].tolist()
         loaded = self.loaded[world].tolist()
         for i, (cell, full) in enumerate(zip(pos, loaded, strict=True)):
             r, c = divmod(cell, self.width)
-            ch = chr(ord("a") + i % 26)
+            ch = AGV_LETTERS[i % len(AGV_LETTERS)]
             grid[r][c] = ch.upper() if full else ch
         return "\n".join("".join(row) for row in grid)
 

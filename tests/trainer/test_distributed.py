@@ -6,13 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from trainer.config import GSPOConfig
-from trainer.devices import dist_backend, resolve_device
-from trainer.distributed import init_distributed, shutdown
-from trainer.envs.warehouse import WarehouseEnv
-from trainer.train import Trainer
+from trainer.devices import dist_backend
 
 
 def free_port() -> int:
@@ -21,28 +16,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    device = resolve_device("cpu")
-    ctx = init_distributed(device)
-    cfg = GSPOConfig(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * 2 * 3,
-                     hidden_sizes=[16], num_minibatches=4, update_epochs=2, hessian_interval=2)
-    env = WarehouseEnv(2, num_agents=4, max_steps=24, seed=cfg.seed + 7919 * ctx.rank,
-                       layout_kwargs=dict(blocks_x=2, blocks_y=2))
-    trainer = Trainer(env, cfg, dist=ctx)
-    first_obs = trainer.next_obs.clone()
-    trainer.train()
-    torch.save({"params": [p.detach() for p in trainer.agent.parameters()],
-                "obs": first_obs, "iteration": trainer.iteration,
-                "global_step": trainer.global_step},
-               os.path.join(out_dir, f"rank{rank}.pt"))
-    shutdown(ctx)
+WORKER = """
+import os, sys
+import torch
+from trainer.config import GSPOConfig
+from trainer.devices import resolve_device
+from trainer.distributed import init_distributed, shutdown
+from trainer.envs.warehouse import WarehouseEnv
+from trainer.train import Trainer
+
+torch.set_num_threads(1)
+ctx = init_distributed(resolve_device("cpu"))
+cfg = GSPOConfig(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * 2 * 3, hidden_sizes=[16],
+                 num_minibatches=4, update_epochs=2, hessian_interval=2)
+env = WarehouseEnv(2, num_agents=4, max_steps=24, seed=cfg.seed + 7919 * ctx.rank,
+                   layout_kwargs=dict(blocks_x=2, blocks_y=2))
+trainer = Trainer(env, cfg, dist=ctx)
+first_obs = trainer.next_obs.clone()
+trainer.train()
+torch.save({"params": [p.detach() for p in trainer.agent.parameters()], "obs": first_obs,
+            "iteration": trainer.iteration, "global_step": trainer.global_step},
+           os.path.join(sys.argv[1], f"rank{ctx.rank}.pt"))
+shutdown(ctx)
+"""
 
 
 def test_two_gloo_processes_stay_in_sync(tmp_path):
-    mp.spawn(worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    # plain subprocesses (what torchrun would start), so the worker never has to
+    # import this test module
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = free_port()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [root,
+                                                           os.environ.get("PYTHONPATH")]))}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, out[-3000:]
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["iteration"] == r1["iteration"] == 3  # steps count both ranks' experience
     assert r0["global_step"] == 2 * 4 * 16 * 2 * 3

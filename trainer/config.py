@@ -206,10 +206,12 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def load_config(
-    algo: str, path: str | Path | None = None, overrides: typing.Sequence[str] = ()
+    algo: str, path: str | Path | None = None, overrides: typing.Sequence[str] = (),
+    base: dict[str, Any] | None = None,
 ) -> PPOConfig:
-    """Defaults of ``algo``, then the YAML file at ``path``, then ``key=value`` overrides."""
-    values: dict[str, Any] = {}
+    """Defaults of ``algo``, then ``base`` (e.g. the config stored with a snapshot), then
+    the YAML file at ``path``, then ``key=value`` overrides."""
+    values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k != "algo"}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):

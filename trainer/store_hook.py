@@ -24,11 +24,9 @@ RETURN_KEYS = ("eval/return", "charts/return_last100", "charts/episodic_return")
 
 
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
-    """`trainer.state_dict()` with the live model tensors (the Snapshotter copies them and
-    skips the ones that did not change since the last snapshot)."""
-    state = trainer.state_dict()
-    state["model"] = trainer.agent.state_dict()
-    return state
+    """`trainer.state_dict(live=True)`: the Snapshotter copies the live tensors itself,
+    skipping those that did not change since the last snapshot."""
+    return trainer.state_dict(live=True)
 
 
 class StoreHook(Hook):

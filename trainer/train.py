@@ -234,21 +234,28 @@ class Trainer:
         return metrics
 
     # -------------------------------------------------------------- snapshot
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, live: bool = False) -> dict[str, Any]:
         """Everything needed to resume exactly: tensors plus plain Python values.
 
         The result shares no storage with the live trainer, so it stays valid while
-        training continues."""
+        training continues. With ``live=True`` the model and optimizer tensors are the
+        live ones (no copies): for a consumer that copies what it needs, such as
+        ``vrl.Snapshotter``, which copies only the tensors that changed."""
+        model = self.agent.state_dict()
+        algo = self.algo.state_dict()
+        if not live:
+            model = {k: v.detach().clone() for k, v in model.items()}
+            # deep copy: Adam updates its moments in place, and a hook may serialise
+            # this snapshot in the background while training goes on
+            algo = copy.deepcopy(algo)
         return {
             "version": STATE_VERSION,
             "config": config_to_dict(self.config),
             "iteration": self.iteration,
             "global_step": self.global_step,
             "num_iterations": self.num_iterations,
-            "model": {k: v.detach().clone() for k, v in self.agent.state_dict().items()},
-            # deep copy: Adam updates its moments in place, and a hook may serialise
-            # this snapshot in the background while training goes on
-            "algo": copy.deepcopy(self.algo.state_dict()),
+            "model": model,
+            "algo": algo,
             "rng": {"action": self.action_generator.get_state(),
                     "update": self.update_generator.get_state(),
                     "global": rng_state()},

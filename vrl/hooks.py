@@ -124,7 +124,7 @@ class Snapshotter:
         self.best_metric, self.mode, self.best_tag = best_metric, mode, best_tag
         self.keep_last, self.include_rng, self.hparams = keep_last, include_rng, hparams or {}
         self._env = self.repo_env() if env else {}
-        self._best: float | None = None
+        self._best: float | None = self._tagged_best()
         self._calls = 0
         self._shadow: dict[str, tuple[tuple, int, bytes, Any]] = {}
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, queue_size))
@@ -136,6 +136,14 @@ class Snapshotter:
         _LIVE.add(self)
         if handle_sigterm:
             self._install_sigterm()
+
+    def _tagged_best(self) -> float | None:
+        """The metric of the snapshot already tagged best (a resumed run keeps it)."""
+        if not self.best_metric:
+            return None
+        tagged = self.repo.tags().get(self.best_tag)
+        value = self.repo.read_commit(tagged).metrics.get(self.best_metric) if tagged else None
+        return float(value) if isinstance(value, (int, float)) else None
 
     def repo_env(self) -> dict[str, Any]:
         from vrl import envinfo

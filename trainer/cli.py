@@ -131,8 +131,8 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
         try:
             repo = Repo(".")
         except NotARepositoryError:
-            click.echo("vrl: not in a vrl repository, so no snapshots are kept "
-                       "(`vrl init` first to keep them)", err=True)
+            pass
+    untracked = store is None and repo is None
     store = repo is not None and store is not False
     if from_rev:
         start = repo.resolve(from_rev)
@@ -143,6 +143,9 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
                               threads=threads)
     except (ConfigError, ValueError, ImportError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if untracked and dist.is_main:
+        click.echo("vrl: not in a vrl repository, so no snapshots are kept "
+                   "(`vrl init` first to keep them)", err=True)
     if start is not None:
         trainer.load_state_dict(repo.load(start))
         # the run's length comes from this config (--steps), not from the snapshot's

@@ -367,8 +367,3 @@ def short_ref(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
-
-
-def ensure_writable(root: Path) -> None:
-    if not os.access(root, os.W_OK):
-        raise StorageError(f"repository {root} is read-only; use a writable copy")

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import getpass
 import heapq
-import json
 import mmap
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from vrl.errors import (
     VrlError,
     WorkspaceError,
 )
-from vrl.object_store import FileObjectStore, discard, storage_error
+from vrl.maintenance import Maintenance
+from vrl.object_store import FileObjectStore, storage_error
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
@@ -41,6 +41,7 @@ from vrl.objects import (
     is_object_id,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
+from vrl.workspace import WorkspaceMixin
 
 VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
@@ -76,7 +77,7 @@ def default_author(config: Config) -> str:
     return f"{name} <{email}>" if email else name
 
 
-class Repo:
+class Repo(Maintenance, WorkspaceMixin):
     """A vrl repository (the `.vrl` directory and the workspace around it)."""
 
     def __init__(self, path: str | Path = ".", *, fsync: bool | None = None,
@@ -520,12 +521,6 @@ class Repo:
         return compare(old_manifest, self.read_manifest(new.manifest), self.load_entry,
                        threshold=threshold)
 
-    def diff_states(self, old: Manifest | None, new: Manifest,
-                    load_new: Callable[[TensorEntry], Any] | None = None,
-                    threshold: float | None = None) -> DiffResult:
-        return compare(old, new, load_new or self.load_entry,
-                       threshold=self.threshold if threshold is None else threshold)
-
     # ------------------------------------------------------------------ branches and tags
     def branches(self) -> dict[str, ObjectId]:
         return {short_ref(k): v for k, v in self.refs.list("refs/heads/").items()}
@@ -574,312 +569,6 @@ class Repo:
             raise RevisionError(f"tag {name!r} not found")
         self.refs.update(f"refs/tags/{name}", None, expected=old, reason="tag: deleted")
         return old
-
-    # ------------------------------------------------------------------ retention
-    def _pruned_path(self) -> Path:
-        return self.vrl_dir / "pruned"
-
-    def pruned(self) -> set[ObjectId]:
-        """Commits whose tensor data retention released (gc then frees it)."""
-        try:
-            text = self._pruned_path().read_text()
-        except FileNotFoundError:
-            return set()
-        return {ObjectId(line) for line in text.split() if is_object_id(line)}
-
-    def first_parent_chain(self, oid: ObjectId | None) -> list[ObjectId]:
-        chain = []
-        while oid is not None:
-            chain.append(oid)
-            try:
-                parents = self.read_commit(oid).parents
-            except ObjectNotFoundError:
-                break
-            oid = parents[0] if parents else None
-        return chain
-
-    def prune(self, keep_last: int = 10, refs: list[str] | None = None,
-              keep: tuple[str, ...] = (), dry_run: bool = False) -> list[ObjectId]:
-        """Release the tensor data of old snapshots; return the commits newly pruned.
-
-        Kept: the last `keep_last` commits of every branch, every tagged commit (the best
-        snapshot is a tag), every branch head and HEAD, and the revisions in `keep`. Only
-        the first-parent history of `refs` (default: every branch) is pruned. Commits,
-        manifests, metrics and layer statistics stay; tensors reachable from any kept
-        snapshot are never released. `gc` frees the space.
-        """
-        if keep_last < 1:
-            raise VrlError("keep_last must be at least 1")
-        branches = self.refs.list("refs/heads/")
-        kept: set[ObjectId] = set(branches.values()) | set(self.tags().values())
-        head = self.head()
-        if head:
-            kept.add(head)
-        kept.update(self.resolve(k) for k in keep)
-        for tip in branches.values():
-            kept.update(self.first_parent_chain(tip)[:keep_last])
-        targets = [self.refs.read(r) for r in refs] if refs else list(branches.values())
-        already = self.pruned()
-        newly: list[ObjectId] = []
-        for tip in targets:
-            for oid in self.first_parent_chain(tip):
-                if oid not in kept and oid not in already and oid not in newly:
-                    newly.append(oid)
-        if newly and not dry_run:
-            with self.refs.lock("refs/pruned"):
-                current = self.pruned()
-                lines = sorted(current | set(newly))
-                self.objects.write_raw(self._pruned_path(), ["\n".join(lines).encode() + b"\n"],
-                                       "the pruned list")
-        return newly
-
-    # ------------------------------------------------------------------ maintenance
-    def reachable(self, include_reflog: bool = True) -> set[ObjectId]:
-        """Every object reachable from refs, HEAD and (by default) the reflog.
-
-        Pruned commits keep their commit and manifest objects but not their tensors (unless
-        a kept snapshot reaches the same tensors).
-        """
-        roots: set[ObjectId] = set(self.refs.list().values())
-        head = self.head()
-        if head:
-            roots.add(head)
-        if include_reflog:
-            for name in self.refs.all_logs():
-                for entry in self.refs.reflog(name):
-                    roots.update(x for x in (entry.old, entry.new) if x)
-        seen: set[ObjectId] = set()
-        pruned = self.pruned()
-        stack = list(roots)
-        while stack:
-            oid = stack.pop()
-            if oid in seen or not self.objects.has(oid):
-                continue
-            seen.add(oid)
-            try:
-                commit = self.read_commit(oid)
-            except VrlError:
-                continue
-            stack.extend(commit.parents)
-            if self.objects.has(commit.manifest):
-                seen.add(commit.manifest)
-                if oid in pruned:
-                    continue
-                try:
-                    seen.update(e.id for e in self.read_manifest(commit.manifest).tensors.values())
-                except VrlError:
-                    continue
-        return seen
-
-    def gc(self, grace: float | None = None, dry_run: bool = False,
-           expire_reflog: bool = False) -> tuple[int, int]:
-        """Delete unreachable objects older than `grace` seconds; return (count, bytes)."""
-        import time
-
-        grace = self.config.getfloat("gc", "grace") if grace is None else grace
-        if expire_reflog and not dry_run:
-            self.refs.expire_logs()
-        keep = self.reachable()
-        cutoff = time.time() - grace
-        count = freed = 0
-        for oid in list(self.objects.ids()):
-            if oid in keep:
-                continue
-            path = self.objects.path(oid)
-            try:
-                st = path.stat()
-                # Re-checked just before deleting: a concurrent commit freshens the objects
-                # it reuses, and its new objects are young.
-                if st.st_mtime > cutoff:
-                    continue
-                if not dry_run:
-                    path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise storage_error(exc, self.vrl_dir, "deleting objects") from exc
-            count += 1
-            freed += st.st_size
-        if not dry_run:
-            for tmp, mtime in self.objects.temp_files():
-                if mtime < cutoff:
-                    discard(tmp)
-        return count, freed
-
-    def fsck(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-        """Re-hash every object and check every commit, manifest and ref."""
-        problems: list[str] = []
-        kinds: dict[ObjectId, str] = {}
-        sizes: dict[ObjectId, int] = {}
-        ids = list(self.objects.ids())
-        for i, oid in enumerate(ids):
-            try:
-                kinds[oid] = self.objects.verify(oid)
-                sizes[oid] = self.objects.kind_and_size(oid)[1]
-            except VrlError as exc:
-                problems.append(f"corrupt object {oid}: {exc}")
-            if progress:
-                progress(i + 1, len(ids))
-        lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
-            else False
-        referenced: set[ObjectId] = set()
-        pruned_set = self.pruned()
-        for oid, kind in kinds.items():
-            if kind != "commit":
-                continue
-            try:
-                commit = Commit.from_bytes(self.objects.read(oid)[1])
-            except VrlError as exc:
-                problems.append(f"bad commit {oid}: {exc}")
-                continue
-            pruned = oid in pruned_set
-            for parent in commit.parents:
-                referenced.add(parent)
-                if kinds.get(parent) != "commit" and not lazy:
-                    problems.append(f"commit {oid[:12]}: parent {parent[:12]} is missing")
-            referenced.add(commit.manifest)
-            if kinds.get(commit.manifest) != "manifest":
-                problems.append(f"commit {oid[:12]}: manifest {commit.manifest[:12]} is missing")
-                continue
-            try:
-                manifest = Manifest.from_bytes(self.objects.read(commit.manifest)[1])
-            except VrlError as exc:
-                problems.append(f"bad manifest {commit.manifest}: {exc}")
-                continue
-            for name, entry in manifest.tensors.items():
-                referenced.add(entry.id)
-                if entry.id not in kinds:
-                    if not (pruned or lazy or self.objects.has(entry.id)):  # corrupt: said
-                        problems.append(f"commit {oid[:12]}: tensor {name} ({entry.id[:12]}) "
-                                        "is missing")
-                elif kinds[entry.id] != "tensor" or sizes[entry.id] != entry.nbytes:
-                    problems.append(f"commit {oid[:12]}: tensor {name} has the wrong kind "
-                                    "or size")
-        refs = dict(self.refs.list())
-        head_raw = self.refs.read_raw("HEAD")
-        if head_raw is None:
-            problems.append("HEAD is missing")
-        else:
-            try:
-                head = self.refs.read("HEAD")
-                if head:
-                    refs["HEAD"] = head
-            except VrlError as exc:
-                problems.append(str(exc))
-        for name, oid in refs.items():
-            if kinds.get(oid) != "commit":
-                problems.append(f"ref {name} points to {oid[:12]}, which is not a commit here")
-            referenced.add(oid)
-        dangling = sorted(o for o, k in kinds.items() if k == "commit" and o not in referenced)
-        return {"objects": len(ids), "problems": problems, "dangling_commits": dangling,
-                "ok": not problems}
-
-    # ------------------------------------------------------------------ workspace
-    @property
-    def workspace_path(self) -> Path:
-        return self.workdir / (self.config.get("core", "workspace") or "policy.safetensors")
-
-    def _index_path(self) -> Path:
-        return self.vrl_dir / "index"
-
-    def workspace_manifest(self, path: Path | None = None) -> tuple[ObjectId, Manifest] | None:
-        """The manifest the workspace checkpoint would have (None if the file is absent).
-
-        A stat cache (`.vrl/index`) avoids re-reading a file unchanged since vrl wrote or
-        committed it, as Git's index does.
-        """
-        from vrl.workspace import read_checkpoint
-
-        path = path or self.workspace_path
-        if not path.exists():
-            return None
-        cached = self._index_lookup(path)
-        if cached and self.objects.has(cached):
-            return cached, self.read_manifest(cached)
-        mid, manifest, _ = self.snapshot(read_checkpoint(path), write=False)
-        return mid, manifest
-
-    def _index_lookup(self, path: Path) -> ObjectId | None:
-        try:
-            index = json.loads(self._index_path().read_text())
-            st = path.stat()
-        except (OSError, ValueError):
-            return None
-        if index.get("path") == str(path.resolve()) and index.get("size") == st.st_size \
-                and index.get("mtime_ns") == st.st_mtime_ns and \
-                is_object_id(index.get("manifest", "")):
-            return ObjectId(index["manifest"])
-        return None
-
-    def record_workspace(self, path: Path, manifest: ObjectId) -> None:
-        st = path.stat()
-        data = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "manifest": manifest}
-        tmp = self._index_path().with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self._index_path())
-        except OSError:
-            pass  # only a cache
-
-    def workspace_status(self) -> tuple[str, DiffResult | None]:
-        """("clean" | "modified" | "missing" | "untracked", diff HEAD -> workspace)."""
-        current = self.workspace_manifest()
-        head = self.head()
-        if current is None:
-            return "missing", None
-        mid, manifest = current
-        if head is None:
-            return "untracked", None
-        head_manifest = self.read_commit(head).manifest
-        if head_manifest == mid:
-            return "clean", None
-        diff = self._diff_workspace(self.read_manifest(head_manifest), manifest)
-        return "modified", diff
-
-    def _diff_workspace(self, old: Manifest, new: Manifest) -> DiffResult:
-        from vrl.tensors import flatten
-        from vrl.workspace import read_checkpoint
-
-        state: dict[str, Any] | None = None
-
-        def load(entry: TensorEntry) -> Any:
-            nonlocal state
-            if self.objects.has(entry.id):
-                return self.load_entry(entry)
-            if state is None:
-                state = flatten(read_checkpoint(self.workspace_path))[0]
-            name = next(n for n, e in new.tensors.items() if e.id == entry.id)
-            return state[name]
-
-        return compare(old, new, load, threshold=self.threshold)
-
-    def write_workspace(self, oid: ObjectId, path: Path | None = None) -> Path:
-        from vrl.workspace import write_checkpoint
-
-        path = path or self.workspace_path
-        commit = self.read_commit(oid)
-        write_checkpoint(self.load(oid), path)
-        self.record_workspace(path, commit.manifest)
-        return path
-
-    def ensure_clean_workspace(self) -> None:
-        status, _ = self.workspace_status()
-        if status == "modified":
-            raise WorkspaceError(f"{self.workspace_path.name} has uncommitted changes; commit "
-                                 "them, or use --force to discard them")
-        if status == "untracked":
-            raise WorkspaceError(f"{self.workspace_path.name} was never committed and would "
-                                 "be overwritten; commit it, or use --force")
-
-    def iter_commits(self) -> Iterator[ObjectId]:
-        for oid in self.objects.ids():
-            try:
-                if self.objects.kind_and_size(oid)[0] == "commit":
-                    yield oid
-            except VrlError:
-                continue
-
 
 def _neg_time(time: str) -> str:
     # heapq is a min-heap; invert the ISO timestamp so the newest pops first

@@ -1,5 +1,6 @@
 """Checkpoint files: reading what a user hands to `vrl commit`, writing what checkout and
-export produce. Nothing is ever unpickled: `.pt` files load with weights_only=True."""
+export produce, and the workspace checkpoint (Git's working tree for policies). Nothing is
+ever unpickled: `.pt` files load with weights_only=True."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import os
 import pickle
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vrl.errors import CheckpointError
+from vrl.diff import DiffResult, compare
+from vrl.errors import CheckpointError, WorkspaceError
 from vrl.object_store import discard, storage_error
+from vrl.objects import Manifest, ObjectId, TensorEntry, is_object_id
+
+if TYPE_CHECKING:
+    from vrl.repo import Repo
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -146,3 +152,100 @@ def _write_safetensors(tree: Any, path: Path) -> None:
             "vrl.ties": json.dumps(ties), "vrl.numpy": json.dumps(numpy_names),
             "format": "pt"}
     save_file(out, str(path), metadata=meta)
+
+
+class WorkspaceMixin:
+    """The workspace checkpoint, Git's working tree for policies (mixed into Repo)."""
+
+    @property
+    def workspace_path(self: Repo) -> Path:
+        return self.workdir / (self.config.get("core", "workspace") or "policy.safetensors")
+
+    def _index_path(self: Repo) -> Path:
+        return self.vrl_dir / "index"
+
+    def workspace_manifest(self: Repo, path: Path | None = None
+                           ) -> tuple[ObjectId, Manifest] | None:
+        """The manifest the workspace checkpoint would have (None if the file is absent).
+
+        A stat cache (`.vrl/index`) avoids re-reading a file unchanged since vrl wrote or
+        committed it, as Git's index does.
+        """
+        path = path or self.workspace_path
+        if not path.exists():
+            return None
+        cached = self._index_lookup(path)
+        if cached and self.objects.has(cached):
+            return cached, self.read_manifest(cached)
+        mid, manifest, _ = self.snapshot(read_checkpoint(path), write=False)
+        return mid, manifest
+
+    def _index_lookup(self: Repo, path: Path) -> ObjectId | None:
+        try:
+            index = json.loads(self._index_path().read_text())
+            st = path.stat()
+        except (OSError, ValueError):
+            return None
+        if index.get("path") == str(path.resolve()) and index.get("size") == st.st_size \
+                and index.get("mtime_ns") == st.st_mtime_ns and \
+                is_object_id(index.get("manifest", "")):
+            return ObjectId(index["manifest"])
+        return None
+
+    def record_workspace(self: Repo, path: Path, manifest: ObjectId) -> None:
+        st = path.stat()
+        data = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "manifest": manifest}
+        tmp = self._index_path().with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._index_path())
+        except OSError:
+            pass  # only a cache
+
+    def workspace_status(self: Repo) -> tuple[str, DiffResult | None]:
+        """("clean" | "modified" | "missing" | "untracked", diff HEAD -> workspace)."""
+        current = self.workspace_manifest()
+        head = self.head()
+        if current is None:
+            return "missing", None
+        mid, manifest = current
+        if head is None:
+            return "untracked", None
+        head_manifest = self.read_commit(head).manifest
+        if head_manifest == mid:
+            return "clean", None
+        diff = self._diff_workspace(self.read_manifest(head_manifest), manifest)
+        return "modified", diff
+
+    def _diff_workspace(self: Repo, old: Manifest, new: Manifest) -> DiffResult:
+        from vrl.tensors import flatten
+
+        state: dict[str, Any] | None = None
+
+        def load(entry: TensorEntry) -> Any:
+            nonlocal state
+            if self.objects.has(entry.id):
+                return self.load_entry(entry)
+            if state is None:
+                state = flatten(read_checkpoint(self.workspace_path))[0]
+            name = next(n for n, e in new.tensors.items() if e.id == entry.id)
+            return state[name]
+
+        return compare(old, new, load, threshold=self.threshold)
+
+    def write_workspace(self: Repo, oid: ObjectId, path: Path | None = None) -> Path:
+        path = path or self.workspace_path
+        commit = self.read_commit(oid)
+        write_checkpoint(self.load(oid), path)
+        self.record_workspace(path, commit.manifest)
+        return path
+
+    def ensure_clean_workspace(self: Repo) -> None:
+        status, _ = self.workspace_status()
+        if status == "modified":
+            raise WorkspaceError(f"{self.workspace_path.name} has uncommitted changes; commit "
+                                 "them, or use --force to discard them")
+        if status == "untracked":
+            raise WorkspaceError(f"{self.workspace_path.name} was never committed and would "
+                                 "be overwritten; commit it, or use --force")

@@ -93,7 +93,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -127,10 +127,11 @@ class FileObjectStore(ObjectStore):
         self._root = os.fspath(self.root)
         self.fsync = fsync
         self.verify_reads = verify_reads
-        self._dirty_dirs: set[Path] = set()
+        self._dirty_dirs: set[str] = set()
         self._pool: ThreadPoolExecutor | None = None
+        self._batching = False
         self._pending: list[Future] = []
-        self._inflight: set[Path] = set()
+        self._inflight: set[str] = set()
 
     def path(self, oid: ObjectId) -> Path:
         return Path(self.fspath(oid))
@@ -168,27 +169,30 @@ class FileObjectStore(ObjectStore):
 
     def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
               ) -> ObjectId:
-        oid = oid or hash_object(kind, payload, threads=len(payload) > (1 << 22))
-        final = self.path(oid)
+        oid = oid or hash_object(kind, payload, threads=True)
+        final = self.fspath(oid)
         if final in self._inflight:
             return oid
-        if final.exists():
+        if os.path.exists(final):
             self._freshen(final)
             return oid
         self.write_raw(final, [header(kind, memoryview(payload).nbytes), payload], "object")
         return oid
 
-    def write_raw(self, final: Path, chunks: list[bytes | memoryview], what: str) -> None:
+    def write_raw(self, final: str | Path, chunks: list[bytes | memoryview], what: str
+                  ) -> None:
         """Atomically create `final` from chunks: temp file in the same directory, fsync,
         rename. Inside `batch()` the fsync and rename run on a worker thread, so flushing
         one object overlaps with writing the next."""
-        tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
+        final = os.fspath(final)
+        folder = os.path.dirname(final)
+        tmp = f"{folder}/.tmp-{os.getpid()}-{secrets.token_hex(6)}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
             try:
                 fd = os.open(tmp, flags, 0o444)
             except FileNotFoundError:  # first object in this fan-out directory
-                final.parent.mkdir(parents=True, exist_ok=True)
+                os.makedirs(folder, exist_ok=True)
                 fd = os.open(tmp, flags, 0o444)
             try:
                 for chunk in chunks:
@@ -197,19 +201,20 @@ class FileObjectStore(ObjectStore):
                 os.close(fd)
                 raise
         except OSError as exc:
-            discard(tmp)
-            raise storage_error(exc, self.root.parent, f"writing {what} {final.parent.name}"
-                                f"{final.name[:10]}") from exc
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, f"writing {what} "
+                                f"{os.path.basename(folder)}{os.path.basename(final)[:10]}"
+                                ) from exc
         except BaseException:
-            discard(tmp)
+            discard(Path(tmp))
             raise
-        if self._pool is not None and self.fsync:
+        if self._batching and self.fsync:
             self._inflight.add(final)
-            self._pending.append(self._pool.submit(self._finish, fd, tmp, final, what))
+            self._pending.append(self._executor().submit(self._finish, fd, tmp, final, what))
         else:
             self._finish(fd, tmp, final, what)
 
-    def _finish(self, fd: int, tmp: Path, final: Path, what: str) -> None:
+    def _finish(self, fd: int, tmp: str, final: str, what: str) -> None:
         try:
             try:
                 if self.fsync:
@@ -218,26 +223,30 @@ class FileObjectStore(ObjectStore):
                 os.close(fd)
             os.replace(tmp, final)
         except OSError as exc:
-            discard(tmp)
-            raise storage_error(exc, self.root.parent, f"writing {what} {final.parent.name}"
-                                f"{final.name[:10]}") from exc
-        self._dirty_dirs.add(final.parent)
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, f"writing {what} "
+                                f"{os.path.basename(final)[:10]}") from exc
+        self._dirty_dirs.add(os.path.dirname(final))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # One pool for the store's lifetime: starting threads per commit cost more than
+        # the small snapshots they flushed.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(4, thread_name_prefix="vrl-fsync")
+        return self._pool
 
     @contextlib.contextmanager
-    def batch(self, workers: int = 4) -> Iterator[None]:
+    def batch(self) -> Iterator[None]:
         """Overlap the fsyncs of many object writes; every object is in place on exit."""
-        if self._pool is not None or not self.fsync:
+        if self._batching or not self.fsync:
             yield
             return
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vrl-fsync")
+        self._batching = True
         try:
             yield
         finally:
-            pool, self._pool = self._pool, None
-            try:
-                self.flush()
-            finally:
-                pool.shutdown(wait=True)
+            self._batching = False
+            self.flush()
 
     def flush(self) -> None:
         """Wait for batched writes; re-raise the first failure."""
@@ -254,14 +263,14 @@ class FileObjectStore(ObjectStore):
 
     def touch(self, oid: ObjectId) -> bool:
         """Freshen an existing object's mtime; False if it does not exist."""
-        path = self.path(oid)
-        if not path.is_file():
+        path = self.fspath(oid)
+        if not os.path.isfile(path):
             return False
         self._freshen(path)
         return True
 
     @staticmethod
-    def _freshen(path: Path) -> None:
+    def _freshen(path: str | Path) -> None:
         # A reused object must look young to a concurrent `gc`, which keeps young objects.
         try:
             os.utime(path)
@@ -276,8 +285,7 @@ class FileObjectStore(ObjectStore):
         if len(dirs) == 1:
             _fsync_dir(dirs[0])
         else:  # independent directories: their journal flushes can overlap
-            with ThreadPoolExecutor(min(8, len(dirs))) as pool:
-                list(pool.map(_fsync_dir, dirs))
+            list(self._executor().map(_fsync_dir, dirs))
 
     def delete(self, oid: ObjectId) -> None:
         self.path(oid).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ import heapq
 import mmap
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from vrl.workspace import WorkspaceMixin
 VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
 PROBE_MIN = 1 << 16  # smaller tensors are simply re-hashed
+RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics
 COMMIT_RETRIES = 8
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
 
@@ -96,6 +98,7 @@ class Repo(Maintenance, WorkspaceMixin):
         # Tensors committed from memory by this process: storage key -> (version counter,
         # probe, entry). Lets an incremental commit skip re-hashing unchanged tensors.
         self._known: dict[tuple, tuple[int, bytes, TensorEntry]] = {}
+        self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
         # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
         # remotes install a fetcher here.
         self.fetch_missing: Callable[[list[ObjectId]], None] | None = None
@@ -159,6 +162,9 @@ class Repo(Maintenance, WorkspaceMixin):
         from vrl.tensors import tensor_from_buffer
 
         if entry.nbytes < MMAP_MIN:
+            payload = self._recent.get(entry.id)
+            if payload is not None and not self.objects.verify_reads:
+                return tensor_from_buffer(payload, entry.dtype, entry.shape)
             try:
                 kind, payload = self.objects.read(entry.id)
             except ObjectNotFoundError:
@@ -182,6 +188,14 @@ class Repo(Maintenance, WorkspaceMixin):
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
                                      "match its id (run `vrl fsck`)")
         return tensor_from_buffer(mapped, entry.dtype, entry.shape, offset=HEADER_SIZE)
+
+    def _remember(self, oid: ObjectId, payload: bytes) -> None:
+        """Keep small payloads just committed: the next commit's layer statistics read them
+        back (one file each otherwise, the main cost of snapshotting a small policy)."""
+        self._recent[oid] = payload
+        self._recent.move_to_end(oid)
+        while len(self._recent) > RECENT_MAX:
+            self._recent.popitem(last=False)
 
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]
@@ -321,6 +335,8 @@ class Repo(Maintenance, WorkspaceMixin):
                     self.objects.write("tensor", buf, oid)
                     new_ids.add(oid)
                 entry = TensorEntry(oid, dtype, shape, buf.nbytes)
+                if write and buf.nbytes < MMAP_MIN:
+                    self._remember(oid, bytes(buf))
                 if key is not None and write:
                     self._known[key] = (value._version, probe(value), entry)
             entries[name] = entry

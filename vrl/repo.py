@@ -163,7 +163,9 @@ class Repo(Maintenance, WorkspaceMixin):
 
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
-            if payload is not None and not self.objects.verify_reads:
+            # the object must still exist (gc or pruning may have removed it meanwhile)
+            if payload is not None and not self.objects.verify_reads and \
+                    self.objects.has(entry.id):
                 return tensor_from_buffer(payload, entry.dtype, entry.shape)
             try:
                 kind, payload = self.objects.read(entry.id)

@@ -201,6 +201,7 @@ class Snapshotter:
             self._queue.put(None)
             self._thread.join()
             _LIVE.discard(self)
+            self._restore_sigterm()
         self._raise_pending()
 
     def __enter__(self) -> Snapshotter:
@@ -256,6 +257,7 @@ class Snapshotter:
         if threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGTERM)
+        self._sigterm = (previous, None)
 
         def on_sigterm(signum: int, frame: Any) -> None:
             try:
@@ -268,6 +270,13 @@ class Snapshotter:
                     raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        self._sigterm = (previous, on_sigterm)
+
+    def _restore_sigterm(self) -> None:
+        previous, ours = getattr(self, "_sigterm", (None, None))
+        if ours is not None and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) is ours:
+            signal.signal(signal.SIGTERM, previous)
 
     # ------------------------------------------------------------------ committer thread
     def _run(self) -> None:

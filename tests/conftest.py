@@ -1,5 +1,7 @@
+import multiprocessing as mp
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,3 +13,27 @@ def repo(tmp_path):
     from vrl import Repo
 
     return Repo.init(tmp_path / "repo")
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    """A scratch working directory for CLI tests."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VRL_AUTHOR", "tester")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    """Processes forked from a server that has imported torch and vrl. It unpickles the
+    test module's functions by name (`tests.<module>`), so the repository root must be on
+    the path the server starts with, whatever the current directory is."""
+    root = str(Path(__file__).resolve().parents[1])
+    added = root not in sys.path
+    if added:
+        sys.path.append(root)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "vrl.repo", "vrl.tensors", "vrl.diff"])
+    yield ctx
+    if added:
+        sys.path.remove(root)

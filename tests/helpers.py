@@ -36,3 +36,12 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
 def small_policy(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def vrl(capsys, *args):
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    from vrl.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -4,23 +4,9 @@ import json
 
 import pytest
 import torch
-from helpers import small_policy
+from helpers import small_policy, vrl
 
-from vrl.cli import main
 from vrl.workspace import write_checkpoint
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("VRL_AUTHOR", "tester")
-    return tmp_path
-
-
-def vrl(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def save_policy(seed=0, bump=0.0):

@@ -4,9 +4,7 @@ clean, and gc (default grace period) never harms a commit in flight."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -120,22 +118,6 @@ def collector(path: str, barrier, stop, conn) -> None:
         passes += 1
     conn.send((passes, removed))
     conn.close()
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    """Processes forked from a server that has imported torch and vrl. It unpickles this
-    module's functions by name (`tests.<module>`), so the repository root must be on
-    the path the server starts with, whatever the current directory is."""
-    root = str(Path(__file__).resolve().parents[1])
-    added = root not in sys.path
-    if added:
-        sys.path.append(root)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "vrl.repo", "vrl.tensors", "vrl.diff"])
-    yield ctx
-    if added:
-        sys.path.remove(root)
 
 
 def _start(ctx, target, *args):

@@ -9,12 +9,10 @@ imported torch and vrl, so a kill-and-restart costs milliseconds instead of seco
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import random
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -123,22 +121,6 @@ def committer(path: str, first_seed: int, conn, fault=None, gc_every: int = 0) -
 
 
 # ------------------------------------------------------------------------ parent side
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    """Processes forked from a server that has imported torch and vrl. It unpickles this
-    module's functions by name (`tests.<module>`), so the repository root must be on
-    the path the server starts with, whatever the current directory is."""
-    root = str(Path(__file__).resolve().parents[1])
-    added = root not in sys.path
-    if added:
-        sys.path.append(root)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "vrl.repo", "vrl.tensors", "vrl.diff"])
-    yield ctx
-    if added:
-        sys.path.remove(root)
 
 
 def _recv_ready(conn, proc) -> None:

@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 from helpers import assert_same
 
@@ -14,12 +13,6 @@ SMALL = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=
          "--set", "env.num_agents=4", "--set", "env.max_steps=8", "--no-progress",
          "--device", "cpu"]
 STEPS_PER_ITERATION = 2 * 16 * 4
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def train(capsys, *args):

@@ -26,7 +26,6 @@ from vrl.errors import (
     PrunedError,
     RefConflictError,
     RevisionError,
-    StorageError,
     VrlError,
     WorkspaceError,
 )
@@ -610,4 +609,4 @@ def load_into(state: Any, model: Any = None, optimizer: Any = None) -> None:
         model.load_state_dict(state)
 
 
-__all__ = ["Repo", "LogEntry", "load_into", "StorageError"]
+__all__ = ["Repo", "LogEntry", "load_into"]

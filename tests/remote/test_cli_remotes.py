@@ -4,25 +4,11 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
+from helpers import vrl
 
 from vrl import Repo
-from vrl.cli import main
 from vrl.workspace import write_checkpoint
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("VRL_AUTHOR", "tester")
-    return tmp_path
-
-
-def vrl(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def policy(bump: float = 0.0) -> None:

@@ -298,7 +298,7 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
     candidates = [c for c in dict.fromkeys(remote_known) if repo.objects.has(c)]
     base = ancestors(repo, _remote_has(store, candidates, jobs))
     local = ancestors(repo, tips) - base
-    commits = _topo_order(repo, local)
+    commits = _topo_order(local, lambda c: repo.read_commit(c).parents)
     boundary = {p for c in commits for p in repo.read_commit(c).parents if p not in local}
     known: set[ObjectId] = set()
     for c in boundary:
@@ -349,11 +349,13 @@ def _manifest(repo: Repo, commit: ObjectId) -> Manifest:
     return repo.read_manifest(repo.read_commit(commit).manifest)
 
 
-def _topo_order(repo: Repo, commits: set[ObjectId]) -> list[ObjectId]:
-    """Parents before children."""
+def _topo_order(commits: Iterable[ObjectId],
+                parents: Callable[[ObjectId], Iterable[ObjectId]]) -> list[ObjectId]:
+    """Parents before children (only parents within `commits` count)."""
+    members = set(commits)
     order: list[ObjectId] = []
     done: set[ObjectId] = set()
-    for start in sorted(commits):
+    for start in sorted(members):
         stack: list[tuple[ObjectId, bool]] = [(start, False)]
         while stack:
             oid, expanded = stack.pop()
@@ -364,8 +366,7 @@ def _topo_order(repo: Repo, commits: set[ObjectId]) -> list[ObjectId]:
                 order.append(oid)
                 continue
             stack.append((oid, True))
-            stack.extend((p, False) for p in repo.read_commit(oid).parents
-                         if p in commits and p not in done)
+            stack.extend((p, False) for p in parents(oid) if p in members and p not in done)
     return order
 
 
@@ -404,7 +405,7 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
         _store_raw(repo, m, raw)
         result.objects["manifest"] += 1
         result.bytes += len(raw)
-    for c in _topo_order_raw(commits):
+    for c in _topo_order(commits, lambda o: Commit.from_bytes(commits[o][HEADER_SIZE:]).parents):
         _store_raw(repo, c, commits[c])
         result.objects["commit"] += 1
         result.bytes += len(commits[c])
@@ -439,26 +440,6 @@ def _fetch_commits(repo: Repo, store: RemoteStore, tips: list[ObjectId], jobs: i
                     nxt.append(parent)
         wave = nxt
     return got
-
-
-def _topo_order_raw(commits: dict[ObjectId, bytes]) -> list[ObjectId]:
-    parents = {c: [p for p in Commit.from_bytes(raw[HEADER_SIZE:]).parents if p in commits]
-               for c, raw in commits.items()}
-    order: list[ObjectId] = []
-    done: set[ObjectId] = set()
-    for start in sorted(commits):
-        stack: list[tuple[ObjectId, bool]] = [(start, False)]
-        while stack:
-            oid, expanded = stack.pop()
-            if oid in done:
-                continue
-            if expanded:
-                done.add(oid)
-                order.append(oid)
-                continue
-            stack.append((oid, True))
-            stack.extend((p, False) for p in parents[oid] if p not in done)
-    return order
 
 
 def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,

@@ -18,6 +18,7 @@ from vrl.cli._common import (
     short,
     table,
 )
+from vrl.cli.refs import warn_damaged_refs
 from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
 
@@ -58,6 +59,7 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
         as_json: bool) -> None:
     """Show the history of snapshots reachable from REV."""
     entries = repo.log(rev, max_count=max_count)
+    warn_damaged_refs(repo)
     if as_json:
         echo_json([_entry_json(e) for e in entries])
         return

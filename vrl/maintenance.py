@@ -157,8 +157,15 @@ class Maintenance:
                     f"{read.damaged[0]}: gc cannot tell which snapshots this reflog "
                     "protects, so it deleted nothing; fix or delete that line, or forget "
                     "every reflog with `vrl gc --expire-reflog`")
-            for entry in read.entries:
-                roots.update(x for x in (entry.old, entry.new) if x)
+            named = {x for entry in read.entries for x in (entry.old, entry.new) if x}
+            # a flipped hex digit still parses, but names a commit that is not here
+            lost = sorted(x for x in named if not self.objects.has(x))
+            if lost and strict and self.fetch_missing is None:
+                raise GcBlockedError(
+                    f"logs/{name} names commit {lost[0][:12]}, which is not here (the reflog "
+                    "is damaged or objects were lost; `vrl fsck` checks): gc cannot tell "
+                    "which snapshots it protects, so it deleted nothing")
+            roots |= named
         return roots
 
     def reachable(self: Repo, include_reflog: bool = True, strict: bool = False

@@ -111,9 +111,11 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
     for oid in pruned:
         message = repo.read_commit(oid).message
         click.echo(f"{verb} {oid[:12]} {message.splitlines()[0] if message else ''}".rstrip())
-    click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned")
     if dry_run or not pruned:
+        click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
+                   "`vrl gc` to free their space")
         return
+    click.echo(f"{len(pruned)} snapshot(s) pruned")
     try:
         _, freed = repo.gc(dry_run=True)
         note = pending_note(repo)

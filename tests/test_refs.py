@@ -244,6 +244,10 @@ def test_damaged_reflog_is_reported_and_stops_gc(tmp_path, capsys, how):
     assert not report["ok"]
     assert {e["where"] for e in report["errors"]} == {"logs/HEAD", "logs/refs/heads/main"}
     assert {e["kind"] for e in report["errors"]} == {"reflog"}
+    if how == "byte":  # `vrl reflog` still lists the rest, and says what it skipped
+        code, out, err = vrl(path, capsys, "reflog")
+        assert code == 0 and len(out.splitlines()) == 3
+        assert err.startswith("warning: logs/HEAD: line 3 is damaged")
     objects = set(repo.objects.ids())
     code, _, err = vrl(path, capsys, "gc", "--grace", "0")
     assert code == 1 and "gc cannot tell which snapshots" in err and err.count("\n") == 1

@@ -94,7 +94,7 @@ def _parse_log_line(raw: bytes) -> ReflogEntry | None:
         old, new, when, *who = head.split(" ")
     except ValueError:  # UnicodeDecodeError is a ValueError too
         return None
-    if not (is_object_id(old) and is_object_id(new)) or old == new == ZERO:
+    if not (is_object_id(old) and is_object_id(new)):
         return None
     return ReflogEntry(None if old == ZERO else ObjectId(old),
                        None if new == ZERO else ObjectId(new), when, " ".join(who), reason)

@@ -18,14 +18,16 @@ def _when(moment: float) -> str:
     return f"in {minutes} min (at {clock})"
 
 
-def pending_note(repo: Repo, grace: float | None = None) -> str | None:
-    """Why gc keeps some unreachable data for now, and when it becomes freeable."""
+def pending_note(repo: Repo, grace: float | None = None) -> tuple[int, float | None, str]:
+    """Unreachable bytes gc keeps for now (the grace period protects commits in flight),
+    when the last becomes freeable, and a sentence saying so ("" if none)."""
     size, latest = repo.gc_pending(grace)
     if not size or latest is None:
-        return None
-    return (f"{human_bytes(size)} more become freeable {_when(latest)}, when the gc grace "
-            "period has passed; `vrl gc --now` frees them at once (only while no other vrl "
-            "process is committing)")
+        return size, latest, ""
+    return size, latest, (
+        f"{human_bytes(size)} more become freeable {_when(latest)}, when the gc grace period "
+        "has passed; `vrl gc --now` frees them at once (only while no other vrl process is "
+        "committing)")
 
 
 @click.command()
@@ -49,9 +51,8 @@ def gc(repo: Repo, grace: float | None, now: bool, dry_run: bool, expire_reflog:
         click.echo("warning: a grace period under a minute can delete the objects of a "
                    "commit another vrl process was making at the same time, breaking it; use "
                    "it only when no other vrl process is running", err=True)
-    note = pending_note(repo, grace)
+    size, latest, note = pending_note(repo, grace)
     if as_json:
-        size, latest = repo.gc_pending(grace)
         echo_json({"objects": count, "bytes": freed, "dry_run": dry_run,
                    "pending_bytes": size, "pending_until": latest})
         return
@@ -118,7 +119,7 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
     click.echo(f"{len(pruned)} snapshot(s) pruned")
     try:
         _, freed = repo.gc(dry_run=True)
-        note = pending_note(repo)
+        note = pending_note(repo)[2]
     except VrlError:  # e.g. a damaged reflog: gc itself will explain
         return
     if freed:

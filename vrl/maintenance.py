@@ -37,6 +37,7 @@ class FsckState:
 
     lazy: bool
     pruned: set[ObjectId]
+    progress: Callable[[int, int], None] | None = None
     kinds: dict[ObjectId, str] = field(default_factory=dict)  # objects that verified
     sizes: dict[ObjectId, int] = field(default_factory=dict)
     referenced: set[ObjectId] = field(default_factory=set)
@@ -280,9 +281,10 @@ class Maintenance:
         """
         lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
             else False
-        state = FsckState(lazy=lazy, pruned=self.pruned())
-        self._fsck_objects(state, progress)
-        for check in (self._fsck_commits, self._fsck_refs, self._fsck_reflogs):
+        state = FsckState(lazy=lazy, pruned=self.pruned(), progress=progress)
+        # objects first: the later checks rely on what verified (state.kinds)
+        for check in (self._fsck_objects, self._fsck_commits, self._fsck_refs,
+                      self._fsck_reflogs):
             check(state)
         dangling = sorted(o for o, k in state.kinds.items()
                           if k == "commit" and o not in state.referenced)
@@ -291,8 +293,7 @@ class Maintenance:
                 "warnings": [asdict(p) for p in state.warnings],
                 "dangling_commits": dangling, "ok": not state.problems}
 
-    def _fsck_objects(self: Repo, state: FsckState,
-                      progress: Callable[[int, int], None] | None) -> None:
+    def _fsck_objects(self: Repo, state: FsckState) -> None:
         ids = list(self.objects.ids())
         state.count = len(ids)
         for i, oid in enumerate(ids):
@@ -301,8 +302,8 @@ class Maintenance:
                 state.sizes[oid] = self.objects.kind_and_size(oid)[1]
             except VrlError as exc:
                 state.add("object", oid, f"corrupt object {oid}: {exc}")
-            if progress:
-                progress(i + 1, len(ids))
+            if state.progress:
+                state.progress(i + 1, len(ids))
 
     def _fsck_commits(self: Repo, state: FsckState) -> None:
         """Connectivity and manifests: every commit's parents and manifest, and every

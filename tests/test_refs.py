@@ -390,3 +390,27 @@ def test_status_and_commit_after_damage_are_one_line_errors(tmp_path, capsys):
         assert code == 1 and err.count("\n") == 1 and "vrl branch -d main" in err, argv
     with pytest.raises(VrlError):
         Repo(path).head()
+
+
+def test_fsck_checks_manifest_consistency(tmp_path):
+    """A hand-made manifest whose tie points nowhere and whose entry names no object id:
+    both reported, neither stops fsck."""
+    from vrl.objects import Commit, Manifest, TensorEntry
+
+    path = tmp_path / "repo"
+    repo, ids = history(path, 1)
+    good = repo.read_manifest(repo.read_commit(ids[0]).manifest).tensors["w"]
+    manifest = Manifest({"w": good,
+                         "v": TensorEntry(good.id, good.dtype, good.shape, good.nbytes, tie="x"),
+                         "u": TensorEntry("../../etc", good.dtype, good.shape, good.nbytes)},
+                        tree={})
+    mid = repo.objects.write("manifest", manifest.to_bytes())
+    cid = repo.objects.write("commit", Commit(manifest=mid, parents=(ids[0],), message="odd",
+                                              author="t", time="2026-01-01T00:00:00Z").to_bytes())
+    repo.refs.update("refs/heads/odd", cid)
+    report = Repo(path).fsck()
+    found = {(e["kind"], e["where"]): e["message"] for e in report["errors"]}
+    assert set(found) == {("manifest", mid)} and len(report["errors"]) == 2
+    messages = sorted(e["message"] for e in report["errors"])
+    assert "tensor u names '../../etc', not an object id" in messages[0]
+    assert "tensor v is tied to 'x', which is not in the manifest" in messages[1]

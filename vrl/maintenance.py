@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
 from vrl.object_store import discard, storage_error
-from vrl.objects import Commit, Manifest, ObjectId, is_object_id
+from vrl.objects import Commit, Manifest, ObjectId, TensorEntry, is_object_id
 from vrl.refs import short_ref
 
 if TYPE_CHECKING:
@@ -50,6 +50,18 @@ class FsckState:
 
     def has_commit(self, oid: ObjectId) -> bool:
         return self.kinds.get(oid) == "commit"
+
+
+def _entry_problem(manifest: Manifest, name: str, entry: TensorEntry) -> str | None:
+    """What is inconsistent about one manifest entry (None if nothing)."""
+    if not isinstance(entry.id, str) or not is_object_id(entry.id):
+        return f"names {str(entry.id)[:20]!r}, not an object id"
+    if entry.tie is not None:
+        target = manifest.tensors.get(entry.tie)
+        if target is None or target.id != entry.id:
+            return f"is tied to {str(entry.tie)[:40]!r}, which " + \
+                ("is not in the manifest" if target is None else "holds other data")
+    return None
 
 
 class GcBlockedError(VrlError):
@@ -316,6 +328,11 @@ class Maintenance:
             except VrlError as exc:
                 state.add("object", oid, f"bad commit {oid}: {exc}")
                 continue
+            if not all(isinstance(x, str) and is_object_id(x)
+                       for x in (commit.manifest, *commit.parents)):
+                state.add("object", oid, f"bad commit {oid}: a parent or manifest is not an "
+                          "object id")
+                continue
             for parent in commit.parents:
                 state.referenced.add(parent)
                 if not state.has_commit(parent) and not state.lazy:
@@ -333,6 +350,11 @@ class Maintenance:
                 continue
             pruned = oid in state.pruned
             for name, entry in manifest.tensors.items():
+                why = _entry_problem(manifest, name, entry)
+                if why:
+                    state.add("manifest", commit.manifest,
+                              f"manifest {commit.manifest[:12]}: tensor {name} {why}")
+                    continue
                 state.referenced.add(entry.id)
                 if entry.id not in state.kinds:
                     if not (pruned or state.lazy or self.objects.has(entry.id)):  # corrupt:

@@ -414,3 +414,28 @@ def test_fsck_checks_manifest_consistency(tmp_path):
     messages = sorted(e["message"] for e in report["errors"])
     assert "tensor u names '../../etc', not an object id" in messages[0]
     assert "tensor v is tied to 'x', which is not in the manifest" in messages[1]
+
+
+def test_reset_hard_and_checkout_when_the_writer_fails(tmp_path, capsys, monkeypatch):
+    """Without a tmpfs: the checkpoint writer fails as safetensors does on a full disk."""
+    from vrl import workspace
+
+    path = tmp_path / "repo"
+    _, ids = history(path, 2)
+    vrl(path, capsys, "checkout", "main", "--force")
+    before = refs_and_logs(path)
+    written = (path / "policy.safetensors").read_bytes()
+
+    def full(tree, file):
+        Path(file).write_bytes(b"partial")
+        raise RuntimeError("Error while serializing: I/O error: No space left on device "
+                           "(os error 28)")
+
+    monkeypatch.setattr(workspace, "_write_safetensors", full)
+    for argv in (["reset", "--hard", "HEAD~1"], ["checkout", ids[0]],
+                 ["checkout", "-b", "new", ids[0]], ["export", "HEAD", "x.safetensors"]):
+        code, _, err = vrl(path, capsys, *argv)
+        assert code == 1 and err.startswith("error: disk full") and err.count("\n") == 1
+        assert refs_and_logs(path) == before, argv
+        assert (path / "policy.safetensors").read_bytes() == written
+        assert not [p for p in path.iterdir() if ".tmp" in p.name]

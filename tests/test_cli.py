@@ -67,7 +67,7 @@ def test_full_session(ws, capsys):
     code, out, _ = vrl(capsys, "tag", "best", "HEAD~1")
     assert out == f"Tagged {first} as best\n"
     code, out, _ = vrl(capsys, "reset", "--hard", "best")
-    assert out == f"HEAD is now at {first} first\n(was {second}; `vrl reset {second}` " \
+    assert out == f"HEAD is now at {first} first\n(was {second}; `vrl reset --hard {second}` " \
                   "undoes this)\n"
     code, out, _ = vrl(capsys, "status")
     assert out == "On branch main\npolicy.safetensors: no changes since HEAD\n"

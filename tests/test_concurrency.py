@@ -224,3 +224,72 @@ def test_gc_between_object_writes_and_ref_update_keeps_reused_objects(tmp_path):
     report = repo.fsck()
     assert report["ok"], report["problems"]
     assert_restores(repo, cid, state)
+
+
+# ------------------------------------------------------------------------ stale locks
+
+
+def _hold(repo: Repo, text: str, age: float = 0.0) -> Path:
+    lock = repo.vrl_dir / "refs/heads/main.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(text)
+    if age:
+        then = time.time() - age
+        os.utime(lock, (then, then))
+    return lock
+
+
+@pytest.fixture
+def live_pid():
+    """A process that is alive for the whole test (a lock 'owner' that never finishes)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_a_lock_older_than_a_minute_is_broken_even_if_its_owner_lives(tmp_path, live_pid):
+    import socket
+
+    from vrl.refs import STALE_LOCK_AGE
+
+    repo = Repo.init(tmp_path)
+    for owner in (f"{live_pid} {socket.gethostname()}", f"{live_pid} another-host 1"):
+        lock = _hold(repo, owner + "\n")  # young: respected
+        with pytest.raises(RefConflictError, match="locked by another vrl process"):
+            with repo.refs.lock("refs/heads/main", timeout=0.3):
+                pass
+        assert lock.read_text() == owner + "\n"
+        _hold(repo, owner + "\n", age=STALE_LOCK_AGE + 5)  # old: a hung or remote owner
+        start = time.monotonic()
+        with repo.refs.lock("refs/heads/main", timeout=0.3):
+            assert lock.read_text().split()[0] == str(os.getpid())
+        assert time.monotonic() - start < 0.3 and not lock.exists()
+
+
+def test_a_lock_whose_pid_was_reused_is_broken(tmp_path, live_pid):
+    """The pid in the lock is alive, but it is another process than the one that took the
+    lock (it started at another time): the owner is dead, the lock is broken at once."""
+    import socket
+
+    from vrl.refs import _proc_start
+
+    started = _proc_start(live_pid)
+    if started is None:
+        pytest.skip("no /proc: process start times are unknown here")
+    repo = Repo.init(tmp_path)
+    host = socket.gethostname()
+    lock = _hold(repo, f"{live_pid} {host} {started}\n")  # the same process: respected
+    with pytest.raises(RefConflictError, match="locked by another vrl process"):
+        with repo.refs.lock("refs/heads/main", timeout=0.3):
+            pass
+    assert lock.exists()
+    _hold(repo, f"{live_pid} {host} {int(started) + 1}\n")  # an earlier owner with that pid
+    start = time.monotonic()
+    with repo.refs.lock("refs/heads/main", timeout=0.3):
+        # and the lock vrl writes records its own start time, for the next one to check
+        assert lock.read_text().split() == [str(os.getpid()), host, _proc_start(os.getpid())]
+    assert time.monotonic() - start < 0.3

@@ -60,30 +60,68 @@ def test_revisions(repo):
     assert repo.resolve("refs/tags/v1") == ids[0]
     with pytest.raises(RevisionError, match="past the first commit"):
         repo.resolve("HEAD~4")
-    for bad in ["nope", "HEAD@{1}", "", "   ", "../x", "main~x"]:
+    for bad in ["nope", "HEAD@{9}", "main@{4}", "v1@{1}", "x@{0}", "", "   ", "../x",
+                "main~x"]:
         with pytest.raises(RevisionError):
             repo.resolve(bad)
 
 
+def test_reflog_revisions(repo, capsys):
+    """`HEAD@{n}` and `BRANCH@{n}`, numbered as `vrl reflog` prints them."""
+    from helpers import vrl
+
+    ids = commits(repo, 3)
+    repo.reset("HEAD~2")
+    assert repo.resolve("HEAD@{0}") == ids[0]
+    assert repo.resolve("HEAD@{1}") == ids[2]
+    assert repo.resolve("main@{1}~1") == ids[1]
+    assert repo.resolve("@{3}") == ids[0]
+    assert repo.resolve("refs/heads/main@{2}") == ids[1]
+    with pytest.raises(RevisionError, match="only 4 entries"):
+        repo.resolve("HEAD@{4}")
+    os.chdir(repo.workdir)
+    code, out, _ = vrl(capsys, "reflog")
+    printed = {line.split()[1].rstrip(":"): line.split()[0] for line in out.splitlines()}
+    assert len(printed) == 4
+    for rev, short_id in printed.items():  # every name the reflog prints is a revision
+        assert repo.resolve(rev).startswith(short_id)
+    code, out, _ = vrl(capsys, "show", "HEAD@{1}", "--json")
+    assert code == 0 and f'"id": "{ids[2]}"' in out
+
+
 def test_ambiguous_prefix(repo):
-    ids = commits(repo, 40)
-    by_prefix: dict[str, list[str]] = {}
-    for oid in ids:
-        by_prefix.setdefault(oid[:1], []).append(oid)
-    prefix, group = max(by_prefix.items(), key=lambda kv: len(kv[1]))
-    assert len(group) > 1
-    # the shortest prefix length allowed is 4: find two ids sharing a 4-char prefix or
-    # fall back to checking the error text for a manufactured ambiguity
-    shared = [o for o in ids if o[:4] == group[0][:4]]
-    if len(shared) > 1:
-        with pytest.raises(RevisionError, match="ambiguous"):
-            repo.resolve(group[0][:4])
+    """The real lookup: two stored commits share a 4-character prefix (found by hashing
+    candidate commits in memory), a tensor object shares it too and must not count."""
+    from vrl.objects import Commit, hash_object
+
+    root = commits(repo, 1)[0]
+    manifest = repo.read_commit(root).manifest
+    by_prefix: dict[str, bytes] = {}
+    for i in range(20000):  # ~300 candidates are expected before two ids share 4 chars
+        payload = Commit(manifest=manifest, parents=(root,), message=f"m{i}", author="t",
+                         time="2026-01-01T00:00:00.000000Z").to_bytes()
+        oid = hash_object("commit", payload)
+        if oid[:4] in by_prefix:
+            break
+        by_prefix[oid[:4]] = payload
     else:
-        monkey = repo._commits_with_prefix
-        repo._commits_with_prefix = lambda p: group[:2]
-        with pytest.raises(RevisionError, match="ambiguous"):
-            repo.resolve(group[0][:4])
-        repo._commits_with_prefix = monkey
+        pytest.fail("no two ids shared a prefix")
+    first = repo.objects.write("commit", by_prefix[oid[:4]])
+    second = repo.objects.write("commit", payload)
+    prefix = oid[:4]
+    for i in range(200000):  # a tensor object with the same prefix: not a commit
+        blob = i.to_bytes(4, "little")
+        if hash_object("tensor", blob).startswith(prefix):
+            repo.objects.write("tensor", blob)
+            break
+    with pytest.raises(RevisionError, match="ambiguous") as info:
+        repo.resolve(prefix)
+    assert first[:12] in str(info.value) and second[:12] in str(info.value)
+    assert repo._commits_with_prefix(prefix) == sorted([first, second])
+    # one more character tells them apart (unless they share 5: then use the full id)
+    for oid in (first, second):
+        n = next(n for n in range(5, 65) if oid[:n] != (second if oid == first else first)[:n])
+        assert repo.resolve(oid[:n]) == oid
 
 
 def test_unborn_head(repo):
@@ -321,12 +359,31 @@ def test_fsck_finds_corruption_and_missing_objects(repo):
     assert any("missing" in p for p in report["problems"])
 
 
-def test_checkout_loads_into_model_and_load_is_lazy(repo):
+def test_checkout_loads_into_model_and_load_is_lazy(repo, monkeypatch):
     model = small_policy()
     cid = repo.commit(model)
     other = small_policy(seed=3)
     repo.checkout(cid, model=other)
     assert_same(model.state_dict(), other.state_dict())
+    # lazy: a large tensor is memory-mapped from its object file, never read into memory
+    big = {"big": torch.randn(256, 256), "small": torch.ones(3)}
+    cid = repo.commit(big)
+    fresh = Repo(repo.workdir)
+    entry = fresh.read_manifest(fresh.read_commit(cid).manifest).tensors["big"]
+    read_ids = []
+    real_read = fresh.objects.read
+    monkeypatch.setattr(fresh.objects, "read", lambda oid: (read_ids.append(oid),
+                                                            real_read(oid))[1])
+    loaded = fresh.load(cid)
+    assert entry.id not in read_ids
+    maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else None
+    if maps is not None:
+        start = loaded["big"].data_ptr()
+        mapped = [line for line in maps.splitlines()
+                  if line.endswith(str(fresh.objects.path(entry.id)))]
+        assert any(int(line.split("-")[0], 16) <= start < int(line.split()[0].split("-")[1], 16)
+                   for line in mapped), "the tensor is not backed by its object file"
+    assert_same(big, loaded)
 
 
 def test_workspace_status(repo):

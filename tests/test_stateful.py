@@ -1,6 +1,7 @@
-"""A Hypothesis state machine drives commit / branch / checkout / reset / tag / gc against a
-simple in-memory model of the expected history, and after every step checks that refs,
-`log`, the reflog-reachable set kept by `gc`, and every snapshot agree with the model."""
+"""A Hypothesis state machine drives commit / branch / checkout / reset / tag / prune / gc
+against a simple in-memory model of the expected history, and after every step checks that
+refs, `log`, the reflog-reachable set kept by `gc`, the pruned set, and every snapshot (or
+its refusal once pruning freed it) agree with the model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from vrl import Repo
-from vrl.errors import RefConflictError, RevisionError, VrlError, WorkspaceError
+from vrl.errors import PrunedError, RefConflictError, RevisionError, VrlError, WorkspaceError
 
 # Tensors are shared by every example (so the repo's "unchanged since committed" cache is
 # exercised); "a" tensors are big enough (64 KiB) for that cache and for memory-mapping.
@@ -40,6 +41,12 @@ def expected_state(key: tuple[int, int, int, int]) -> dict[str, torch.Tensor]:
     }
 
 
+def contents(key: tuple[int, int, int, int]) -> set[tuple[str, int]]:
+    """Which tensor objects a snapshot needs: every field's bytes follow from one number."""
+    a, b, c, live = key
+    return {("a.weight", a), ("a.view", a), ("b.buf", b), ("c.step", c), ("live.weight", live)}
+
+
 def raw(t: torch.Tensor) -> bytes:
     return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
 
@@ -54,6 +61,38 @@ class Model:
         self.head_branch: str | None = "main"  # None: detached
         self.detached: str | None = None
         self.logs: dict[str, set[str]] = {}  # reflog name -> ids it mentions
+        self.pruned: set[str] = set()  # commits whose tensors retention released
+        self.stored: set[tuple[str, int]] = set()  # tensor contents in the store
+
+    def restorable(self, oid: str) -> bool:
+        return contents(self.commits[oid][1]) <= self.stored
+
+    def tips(self) -> set[str]:
+        return {*self.branches.values(), *self.tags.values(), *filter(None, [self.head()])}
+
+    def prune(self, keep_last: int, only: str | None) -> list[str]:
+        """Retention's rule: keep tips, tags, HEAD and each branch's last `keep_last`."""
+        kept = self.tips()
+        for tip in self.branches.values():
+            kept.update(self.chain(tip)[:keep_last])
+        targets = [self.branches[only]] if only else [self.branches[b]
+                                                       for b in sorted(self.branches)]
+        newly: list[str] = []
+        for tip in targets:
+            for oid in self.chain(tip):
+                if oid not in kept and oid not in self.pruned and oid not in newly:
+                    newly.append(oid)
+        self.pruned.update(newly)
+        return newly
+
+    def point_at(self, oid: str, keep: bool) -> bool:
+        """A ref is about to move to `oid`: False if vrl must refuse (pruned and freed);
+        with `keep` (a branch or tag), a pruned snapshot is un-pruned."""
+        if oid in self.pruned and not self.restorable(oid):
+            return False
+        if keep:
+            self.pruned.discard(oid)
+        return True
 
     def head(self) -> str | None:
         return self.branches.get(self.head_branch) if self.head_branch else self.detached
@@ -170,6 +209,7 @@ class StoreMachine(RuleBasedStateMachine):
                                allow_empty=allow_empty, time=when)
         assert cid not in m.commits
         m.commits[cid] = (parent, key)
+        m.stored |= contents(key)
         if m.head_branch:
             m.move(f"branch:{m.head_branch}", cid)
         else:
@@ -194,6 +234,13 @@ class StoreMachine(RuleBasedStateMachine):
                     self.repo.branch(name, rev)
             return
         oid = m.resolve(rev)
+        if not m.point_at(oid, keep=True):
+            with pytest.raises(PrunedError, match="freed its tensors"):
+                if switch:
+                    self.repo.checkout(rev, create_branch=name)
+                else:
+                    self.repo.branch(name, rev)
+            return
         if switch:
             assert self.repo.checkout(rev, create_branch=name) == oid
             old_head = m.head()
@@ -223,11 +270,14 @@ class StoreMachine(RuleBasedStateMachine):
         rev = self.draw_rev(data)
         m = self.model
         old_head = m.head()
+        oid = m.branches[rev] if rev in m.branches else m.resolve(rev)
+        if not m.point_at(oid, keep=False):
+            with pytest.raises(PrunedError, match="freed its tensors"):
+                self.repo.checkout(rev)
+            return
         if rev in m.branches:  # a branch name attaches HEAD, even if a tag has that name
-            oid = m.branches[rev]
             m.head_branch, m.detached = rev, None
         else:
-            oid = m.resolve(rev)
             m.head_branch, m.detached = None, oid
         assert self.repo.checkout(rev) == oid
         m.log_append("HEAD", old_head, oid)
@@ -238,6 +288,10 @@ class StoreMachine(RuleBasedStateMachine):
         rev = self.draw_rev(data)
         m = self.model
         oid = m.resolve(rev)
+        if not m.point_at(oid, keep=m.head_branch is not None):
+            with pytest.raises(PrunedError, match="freed its tensors"):
+                self.repo.reset(rev)
+            return
         old, new = self.repo.reset(rev)
         assert (old, new) == (m.head(), oid)
         if m.head_branch:
@@ -256,6 +310,10 @@ class StoreMachine(RuleBasedStateMachine):
                 self.repo.tag(name, rev)
             return
         oid = m.resolve(rev)
+        if not m.point_at(oid, keep=True):
+            with pytest.raises(PrunedError, match="freed its tensors"):
+                self.repo.tag(name, rev, force=force)
+            return
         assert self.repo.tag(name, rev, force=force) == oid
         m.move(f"tag:{name}", oid)
 
@@ -279,6 +337,23 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(Repo(self.dir).iter_commits()) == live, "gc kept or removed the wrong commits"
         for oid in set(m.commits) - live:
             del m.commits[oid]
+        # tensors stay while a kept snapshot, or a ref or HEAD (even on a pruned one), needs them
+        tips = m.tips()
+        m.stored &= set().union(*(contents(m.commits[c][1]) for c in live
+                                  if c not in m.pruned or c in tips))
+        m.pruned &= live
+
+    @precondition(has_commits)
+    @rule(keep_last=st.integers(1, 2), only=st.sampled_from([None, *BRANCHES]),
+          then_gc=st.booleans())
+    def prune(self, keep_last, only, then_gc):
+        m = self.model
+        if only is not None and only not in m.branches:
+            return
+        refs = [f"refs/heads/{only}"] if only else None
+        assert self.repo.prune(keep_last=keep_last, refs=refs) == m.prune(keep_last, only)
+        if then_gc:  # free at once, keeping the reflog: later steps meet freed snapshots
+            self.gc(expire_reflog=False)
 
     @rule()
     def reopen(self):
@@ -296,9 +371,15 @@ class StoreMachine(RuleBasedStateMachine):
         for name, tip in m.branches.items():
             assert [e.id for e in repo.log(f"refs/heads/{name}")] == m.chain(tip), name
         assert [e.id for e in repo.log()] == m.chain(m.head())
+        assert repo.pruned() == m.pruned
         for oid, (parent, key) in m.commits.items():
             commit = repo.read_commit(oid)
             assert commit.parents == ((parent,) if parent else ())
+            if not m.restorable(oid):
+                assert oid in m.pruned and oid not in m.tips()
+                with pytest.raises(PrunedError):
+                    repo.load(oid)
+                continue
             got = repo.load(oid)
             want = expected_state(key)
             assert list(got) == list(want)

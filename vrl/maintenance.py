@@ -6,22 +6,72 @@ commit/manifest readers.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vrl.errors import ObjectNotFoundError, VrlError
+from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
 from vrl.object_store import discard, storage_error
-from vrl.objects import Commit, Manifest, ObjectId, is_object_id
+from vrl.objects import Commit, Manifest, ObjectId, TensorEntry, is_object_id
+from vrl.refs import short_ref
 
 if TYPE_CHECKING:
     from vrl.repo import Repo
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One finding of `fsck`."""
+
+    kind: str  # object | ref | reflog | connectivity | manifest
+    where: str  # an object id, or a path under .vrl
+    message: str
+
+
+@dataclass
+class FsckState:
+    """What the checks of one `fsck` run share; each check adds what it finds."""
+
+    lazy: bool
+    pruned: set[ObjectId]
+    progress: Callable[[int, int], None] | None = None
+    kinds: dict[ObjectId, str] = field(default_factory=dict)  # objects that verified
+    sizes: dict[ObjectId, int] = field(default_factory=dict)
+    referenced: set[ObjectId] = field(default_factory=set)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, kind: str, where: str, message: str) -> None:
+        self.problems.append(Problem(kind, where, message))
+
+    def has_commit(self, oid: ObjectId) -> bool:
+        return self.kinds.get(oid) == "commit"
+
+
+def _entry_problem(manifest: Manifest, name: str, entry: TensorEntry) -> str | None:
+    """What is inconsistent about one manifest entry (None if nothing)."""
+    if not isinstance(entry.id, str) or not is_object_id(entry.id):
+        return f"names {str(entry.id)[:20]!r}, not an object id"
+    if entry.tie is not None:
+        target = manifest.tensors.get(entry.tie)
+        if target is None or target.id != entry.id:
+            return f"is tied to {str(entry.tie)[:40]!r}, which " + \
+                ("is not in the manifest" if target is None else "holds other data")
+    return None
+
+
+class GcBlockedError(VrlError):
+    """gc cannot tell what a damaged ref or reflog protects, so it deletes nothing."""
+
+
 class Maintenance:
     """prune, reachable, gc, fsck (mixed into Repo)."""
 
+    # ------------------------------------------------------------------ retention
     def _pruned_path(self: Repo) -> Path:
         return self.vrl_dir / "pruned"
 
@@ -32,6 +82,13 @@ class Maintenance:
         except FileNotFoundError:
             return set()
         return {ObjectId(line) for line in text.split() if is_object_id(line)}
+
+    def _write_pruned(self: Repo, pruned: set[ObjectId]) -> None:
+        """Rewrite the pruned list (the caller holds the `refs/pruned` lock)."""
+        lines = sorted(pruned)
+        self.objects.write_raw(self._pruned_path(),
+                               ["\n".join(lines).encode() + b"\n" if lines else b""],
+                               "the pruned list")
 
     def first_parent_chain(self: Repo, oid: ObjectId | None) -> list[ObjectId]:
         chain = []
@@ -56,45 +113,91 @@ class Maintenance:
         """
         if keep_last < 1:
             raise VrlError("keep_last must be at least 1")
-        branches = self.refs.list("refs/heads/")
-        kept: set[ObjectId] = set(branches.values()) | set(self.tags().values())
-        head = self.head()
-        if head:
-            kept.add(head)
-        kept.update(self.resolve(k) for k in keep)
-        for tip in branches.values():
-            kept.update(self.first_parent_chain(tip)[:keep_last])
-        targets = [self.refs.read(r) for r in refs] if refs else list(branches.values())
-        already = self.pruned()
-        newly: list[ObjectId] = []
-        for tip in targets:
-            for oid in self.first_parent_chain(tip):
-                if oid not in kept and oid not in already and oid not in newly:
-                    newly.append(oid)
-        if newly and not dry_run:
-            with self.refs.lock("refs/pruned"):
-                current = self.pruned()
-                lines = sorted(current | set(newly))
-                self.objects.write_raw(self._pruned_path(), ["\n".join(lines).encode() + b"\n"],
-                                       "the pruned list")
+        # under the lock a tag or branch takes to un-prune, so none is created unseen
+        with self.refs.lock("refs/pruned"):
+            branches = self.refs.list("refs/heads/")
+            kept: set[ObjectId] = set(branches.values()) | set(self.tags().values())
+            head = self.head()
+            if head:
+                kept.add(head)
+            kept.update(self.resolve(k) for k in keep)
+            for tip in branches.values():
+                kept.update(self.first_parent_chain(tip)[:keep_last])
+            targets = [self.refs.read(r) for r in refs] if refs else list(branches.values())
+            already = self.pruned()
+            newly: list[ObjectId] = []
+            for tip in targets:
+                for oid in self.first_parent_chain(tip):
+                    if oid not in kept and oid not in already and oid not in newly:
+                        newly.append(oid)
+            if newly and not dry_run:
+                self._write_pruned(already | set(newly))
         return newly
 
-    def reachable(self: Repo, include_reflog: bool = True) -> set[ObjectId]:
+    def ensure_restorable(self: Repo, oid: ObjectId, action: str, keep: bool = False) -> None:
+        """Before a ref moves to `oid`: a ref keeps what it points to.
+
+        A pruned snapshot whose tensors are all still here is fine (with `keep`, it is
+        un-pruned, so gc keeps its tensors, and they are freshened against a concurrent
+        gc); one whose tensors gc has freed is refused (a lazy clone fetches on demand).
+        """
+        if oid not in self.pruned():
+            return
+        manifest = self.read_manifest(self.read_commit(oid).manifest)
+        ids = {e.id for e in manifest.tensors.values()}
+        missing = [i for i in ids if not self.objects.has(i)]
+        if missing and self.fetch_missing is None:
+            raise PrunedError(
+                f"cannot {action} {oid[:12]}: it was pruned by retention and `vrl gc` has "
+                "freed its tensors, so it could not be restored from here; restore it from "
+                "a remote that has it (`vrl checkout` fetches it) or pick a kept snapshot")
+        if keep:
+            with self.refs.lock("refs/pruned"):
+                for i in ids:
+                    self.objects.touch(i)
+                current = self.pruned()
+                if oid in current:
+                    self._write_pruned(current - {oid})
+
+    # ------------------------------------------------------------------ gc
+    def _reflog_roots(self: Repo, strict: bool) -> set[ObjectId]:
+        """Every id a reflog names. With `strict`, a damaged reflog stops the caller."""
+        roots: set[ObjectId] = set()
+        for name in self.refs.all_logs():
+            read = self.refs.read_log(name)
+            if read.damaged and strict:
+                raise GcBlockedError(
+                    f"{read.damaged[0]}: gc cannot tell which snapshots this reflog "
+                    "protects, so it deleted nothing; fix or delete that line, or forget "
+                    "every reflog with `vrl gc --expire-reflog`")
+            named = {x for entry in read.entries for x in (entry.old, entry.new) if x}
+            # a flipped hex digit still parses, but names a commit that is not here
+            lost = sorted(x for x in named if not self.objects.has(x))
+            if lost and strict and self.fetch_missing is None:
+                raise GcBlockedError(
+                    f"logs/{name} names commit {lost[0][:12]}, which is not here (the reflog "
+                    "is damaged or objects were lost; `vrl fsck` checks): gc cannot tell "
+                    "which snapshots it protects, so it deleted nothing")
+            roots |= named
+        return roots
+
+    def reachable(self: Repo, include_reflog: bool = True, strict: bool = False
+                  ) -> set[ObjectId]:
         """Every object reachable from refs, HEAD and (by default) the reflog.
 
-        Pruned commits keep their commit and manifest objects but not their tensors (unless
-        a kept snapshot reaches the same tensors).
+        Pruned commits keep their commit and manifest objects but not their tensors
+        (unless a kept snapshot reaches the same tensors). A ref keeps what it points to:
+        the snapshot at a ref or HEAD keeps its tensors even if it was pruned.
         """
-        roots: set[ObjectId] = set(self.refs.list().values())
+        tips: set[ObjectId] = set(self.refs.list().values())
         head = self.head()
         if head:
-            roots.add(head)
+            tips.add(head)
+        roots = set(tips)
         if include_reflog:
-            for name in self.refs.all_logs():
-                for entry in self.refs.reflog(name):
-                    roots.update(x for x in (entry.old, entry.new) if x)
+            roots |= self._reflog_roots(strict)
         seen: set[ObjectId] = set()
-        pruned = self.pruned()
+        pruned = self.pruned() - tips
         stack = list(roots)
         while stack:
             oid = stack.pop()
@@ -116,24 +219,42 @@ class Maintenance:
                     continue
         return seen
 
-    def gc(self: Repo, grace: float | None = None, dry_run: bool = False,
-           expire_reflog: bool = False) -> tuple[int, int]:
-        """Delete unreachable objects older than `grace` seconds; return (count, bytes)."""
-        grace = self.config.getfloat("gc", "grace") if grace is None else grace
-        if expire_reflog and not dry_run:
-            self.refs.expire_logs()
-        keep = self.reachable()
-        cutoff = time.time() - grace
-        count = freed = 0
+    def _check_refs_for_gc(self: Repo, expire_reflog: bool) -> None:
+        """A damaged ref's value is unknown: gc goes on only while its reflog (which names
+        every value it had) is readable and kept."""
+        for name, why in self.refs.damaged().items():
+            if expire_reflog or not self.refs.reflog(name):
+                raise GcBlockedError(f"{why}; gc cannot tell what it protects, so it deleted "
+                                     "nothing")
+
+    def _unreachable(self: Repo, keep: set[ObjectId]) -> Iterator[tuple[Path, os.stat_result]]:
         for oid in list(self.objects.ids()):
             if oid in keep:
                 continue
             path = self.objects.path(oid)
             try:
-                st = path.stat()
-                # Re-checked just before deleting: a concurrent commit freshens the objects
-                # it reuses, and its new objects are young.
-                if st.st_mtime > cutoff:
+                yield path, path.stat()
+            except FileNotFoundError:
+                continue
+
+    def gc(self: Repo, grace: float | None = None, dry_run: bool = False,
+           expire_reflog: bool = False) -> tuple[int, int]:
+        """Delete unreachable objects older than `grace` seconds; return (count, bytes).
+
+        Stops, deleting nothing, when a reflog or ref it relies on is damaged.
+        """
+        grace = self.config.getfloat("gc", "grace") if grace is None else grace
+        self._check_refs_for_gc(expire_reflog)
+        if expire_reflog and not dry_run:
+            self.refs.expire_logs()
+        keep = self.reachable(strict=True)  # raises before anything is deleted
+        cutoff = time.time() - grace
+        count = freed = 0
+        for path, st in self._unreachable(keep):
+            # Re-checked just before deleting: a concurrent commit freshens the objects
+            # it reuses, and its new objects are young.
+            try:
+                if path.stat().st_mtime > cutoff:
                     continue
                 if not dry_run:
                     path.unlink()
@@ -149,73 +270,159 @@ class Maintenance:
                     discard(tmp)
         return count, freed
 
+    def gc_pending(self: Repo, grace: float | None = None) -> tuple[int, float | None]:
+        """Unreachable bytes that gc keeps for now (younger than the grace period), and
+        when the last of them becomes freeable (a Unix time; None if there are none)."""
+        grace = self.config.getfloat("gc", "grace") if grace is None else grace
+        cutoff = time.time() - grace
+        size, latest = 0, None
+        for _, st in self._unreachable(self.reachable()):
+            if st.st_mtime > cutoff:
+                size += st.st_size
+                latest = max(latest or 0.0, st.st_mtime + grace)
+        return size, latest
+
+    # ------------------------------------------------------------------ fsck
     def fsck(self: Repo, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-        """Re-hash every object and check every commit, manifest and ref."""
-        problems: list[str] = []
-        kinds: dict[ObjectId, str] = {}
-        sizes: dict[ObjectId, int] = {}
-        ids = list(self.objects.ids())
-        for i, oid in enumerate(ids):
-            try:
-                kinds[oid] = self.objects.verify(oid)
-                sizes[oid] = self.objects.kind_and_size(oid)[1]
-            except VrlError as exc:
-                problems.append(f"corrupt object {oid}: {exc}")
-            if progress:
-                progress(i + 1, len(ids))
+        """Check everything and stop at nothing: objects (re-hashed), commits and their
+        connectivity, manifests, refs and reflogs.
+
+        Returns {"ok", "objects", "problems": [message], "errors": [{kind, where,
+        message}], "warnings": [...], "dangling_commits"}; "problems" and "errors" list
+        the same findings.
+        """
         lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
             else False
-        referenced: set[ObjectId] = set()
-        pruned_set = self.pruned()
-        for oid, kind in kinds.items():
+        state = FsckState(lazy=lazy, pruned=self.pruned(), progress=progress)
+        # objects first: the later checks rely on what verified (state.kinds)
+        for check in (self._fsck_objects, self._fsck_commits, self._fsck_refs,
+                      self._fsck_reflogs):
+            check(state)
+        dangling = sorted(o for o, k in state.kinds.items()
+                          if k == "commit" and o not in state.referenced)
+        return {"objects": state.count, "problems": [p.message for p in state.problems],
+                "errors": [asdict(p) for p in state.problems],
+                "warnings": [asdict(p) for p in state.warnings],
+                "dangling_commits": dangling, "ok": not state.problems}
+
+    def _fsck_objects(self: Repo, state: FsckState) -> None:
+        ids = list(self.objects.ids())
+        state.count = len(ids)
+        for i, oid in enumerate(ids):
+            try:
+                state.kinds[oid] = self.objects.verify(oid)
+                state.sizes[oid] = self.objects.kind_and_size(oid)[1]
+            except VrlError as exc:
+                state.add("object", oid, f"corrupt object {oid}: {exc}")
+            if state.progress:
+                state.progress(i + 1, len(ids))
+
+    def _fsck_commits(self: Repo, state: FsckState) -> None:
+        """Connectivity and manifests: every commit's parents and manifest, and every
+        manifest's tensors, are here (or recorded as pruned, or lazy)."""
+        for oid, kind in list(state.kinds.items()):
             if kind != "commit":
                 continue
             try:
                 commit = Commit.from_bytes(self.objects.read(oid)[1])
             except VrlError as exc:
-                problems.append(f"bad commit {oid}: {exc}")
+                state.add("object", oid, f"bad commit {oid}: {exc}")
                 continue
-            pruned = oid in pruned_set
+            if not all(isinstance(x, str) and is_object_id(x)
+                       for x in (commit.manifest, *commit.parents)):
+                state.add("object", oid, f"bad commit {oid}: a parent or manifest is not an "
+                          "object id")
+                continue
             for parent in commit.parents:
-                referenced.add(parent)
-                if kinds.get(parent) != "commit" and not lazy:
-                    problems.append(f"commit {oid[:12]}: parent {parent[:12]} is missing")
-            referenced.add(commit.manifest)
-            if kinds.get(commit.manifest) != "manifest":
-                problems.append(f"commit {oid[:12]}: manifest {commit.manifest[:12]} is missing")
+                state.referenced.add(parent)
+                if not state.has_commit(parent) and not state.lazy:
+                    state.add("connectivity", oid,
+                              f"commit {oid[:12]}: parent {parent[:12]} is missing")
+            state.referenced.add(commit.manifest)
+            if state.kinds.get(commit.manifest) != "manifest":
+                state.add("connectivity", oid,
+                          f"commit {oid[:12]}: manifest {commit.manifest[:12]} is missing")
                 continue
             try:
                 manifest = Manifest.from_bytes(self.objects.read(commit.manifest)[1])
             except VrlError as exc:
-                problems.append(f"bad manifest {commit.manifest}: {exc}")
+                state.add("manifest", commit.manifest, f"bad manifest {commit.manifest}: {exc}")
                 continue
+            pruned = oid in state.pruned
             for name, entry in manifest.tensors.items():
-                referenced.add(entry.id)
-                if entry.id not in kinds:
-                    if not (pruned or lazy or self.objects.has(entry.id)):  # corrupt: said
-                        problems.append(f"commit {oid[:12]}: tensor {name} ({entry.id[:12]}) "
-                                        "is missing")
-                elif kinds[entry.id] != "tensor" or sizes[entry.id] != entry.nbytes:
-                    problems.append(f"commit {oid[:12]}: tensor {name} has the wrong kind "
-                                    "or size")
-        refs = dict(self.refs.list())
-        head_raw = self.refs.read_raw("HEAD")
-        if head_raw is None:
-            problems.append("HEAD is missing")
+                why = _entry_problem(manifest, name, entry)
+                if why:
+                    state.add("manifest", commit.manifest,
+                              f"manifest {commit.manifest[:12]}: tensor {name} {why}")
+                    continue
+                state.referenced.add(entry.id)
+                if entry.id not in state.kinds:
+                    if not (pruned or state.lazy or self.objects.has(entry.id)):  # corrupt:
+                        state.add("connectivity", oid,  # reported above
+                                  f"commit {oid[:12]}: tensor {name} ({entry.id[:12]}) is "
+                                  "missing")
+                elif state.kinds[entry.id] != "tensor" or \
+                        state.sizes[entry.id] != entry.nbytes:
+                    state.add("manifest", commit.manifest,
+                              f"commit {oid[:12]}: tensor {name} has the wrong kind or size")
+
+    def _fsck_refs(self: Repo, state: FsckState) -> None:
+        """Every ref file is readable and names a commit that is here; the snapshot a ref
+        points to still has its tensors (a pruned one keeps them while a ref is on it)."""
+        refs: dict[str, ObjectId] = {}
+        for name, why in self.refs.damaged().items():
+            state.add("ref", name, why)
+        refs.update(self.refs.list())
+        if self.refs.read_raw("HEAD") is None:
+            state.add("ref", "HEAD", "HEAD is missing")
         else:
             try:
                 head = self.refs.read("HEAD")
                 if head:
                     refs["HEAD"] = head
             except VrlError as exc:
-                problems.append(str(exc))
+                state.add("ref", "HEAD", str(exc))
         for name, oid in refs.items():
-            if kinds.get(oid) != "commit":
-                problems.append(f"ref {name} points to {oid[:12]}, which is not a commit here")
-            referenced.add(oid)
-        dangling = sorted(o for o, k in kinds.items() if k == "commit" and o not in referenced)
-        return {"objects": len(ids), "problems": problems, "dangling_commits": dangling,
-                "ok": not problems}
+            state.referenced.add(oid)
+            if not state.has_commit(oid):
+                state.add("ref", name,
+                          f"ref {name} points to {oid[:12]}, which is not a commit here")
+            elif oid in state.pruned and not state.lazy:
+                missing = self._missing_tensors(oid)
+                if missing:
+                    state.add("connectivity", name,
+                              f"ref {short_ref(name)} points to pruned snapshot {oid[:12]}, "
+                              f"whose tensors are gone ({len(missing)} missing): it cannot be "
+                              "restored here; fetch it from a remote or delete the ref")
+
+    def _missing_tensors(self: Repo, oid: ObjectId) -> list[ObjectId]:
+        try:
+            manifest = self.read_manifest(self.read_commit(oid).manifest)
+        except VrlError:
+            return []  # reported by _fsck_commits
+        return [e.id for e in manifest.tensors.values() if not self.objects.has(e.id)]
+
+    def _fsck_reflogs(self: Repo, state: FsckState) -> None:
+        """Every reflog line parses and names commits that are here (gc relies on them)."""
+        for name in sorted(self.refs.all_logs()):
+            try:
+                read = self.refs.read_log(name)
+            except VrlError as exc:
+                state.add("reflog", f"logs/{name}", str(exc))
+                continue
+            for message in read.damaged:
+                state.add("reflog", f"logs/{name}", message)
+            if read.torn:
+                state.warnings.append(Problem("reflog", f"logs/{name}", read.torn))
+            if state.lazy:
+                continue
+            named = {x for e in read.entries for x in (e.old, e.new) if x}
+            for oid in sorted(named):
+                state.referenced.add(oid)
+                if not state.has_commit(oid):
+                    state.add("reflog", f"logs/{name}",
+                              f"logs/{name} names commit {oid[:12]}, which is missing or "
+                              "damaged")
 
     def iter_commits(self: Repo) -> Iterator[ObjectId]:
         """Every commit object in the store, reachable or not."""

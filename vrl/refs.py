@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from vrl.errors import InvalidRefNameError, RefConflictError, RevisionError, StorageError
+from vrl.errors import (
+    InvalidRefNameError,
+    RefConflictError,
+    RevisionError,
+    StorageError,
+    VrlError,
+)
 from vrl.object_store import discard, storage_error
 from vrl.objects import ObjectId, is_object_id
 
@@ -29,6 +35,10 @@ ANY = object()  # "do not check the old value"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 LOCK_TIMEOUT = 10.0
 STALE_LOCK_AGE = 60.0
+# A ref is a file named after it, and so is its lock (`.lock`) and reflog: a component must
+# fit in a file name (255 bytes) with room for the suffix; a whole name, in a path.
+MAX_COMPONENT = 240
+MAX_NAME = 1000
 
 
 def check_ref_name(name: str, what: str = "ref") -> str:
@@ -52,6 +62,10 @@ def check_ref_name(name: str, what: str = "ref") -> str:
         problem = "it ends with '.'"
     elif name == "HEAD" or name.startswith("refs/") and what != "ref":
         problem = "it is reserved"
+    elif len(name.encode()) > MAX_NAME:
+        problem = f"it is longer than {MAX_NAME} bytes"
+    elif any(len(part.encode()) > MAX_COMPONENT for part in name.split("/")):
+        problem = f"a component between '/' is longer than {MAX_COMPONENT} bytes"
     if problem:
         raise InvalidRefNameError(f"invalid {what} name {name!r}: {problem}")
     return name
@@ -64,6 +78,60 @@ class ReflogEntry:
     time: str
     who: str
     reason: str
+
+
+@dataclass(frozen=True)
+class ReflogRead:
+    entries: list[ReflogEntry]  # newest first
+    damaged: list[str]  # one description per line that could not be parsed
+    torn: str | None  # an incomplete last line (a crash mid-append), harmless
+
+
+def _parse_log_line(raw: bytes) -> ReflogEntry | None:
+    try:
+        line = raw.decode("utf-8")
+        head, reason = line.split("\t", 1)
+        old, new, when, *who = head.split(" ")
+    except ValueError:  # UnicodeDecodeError is a ValueError too
+        return None
+    if not (is_object_id(old) and is_object_id(new)):
+        return None
+    return ReflogEntry(None if old == ZERO else ObjectId(old),
+                       None if new == ZERO else ObjectId(new), when, " ".join(who), reason)
+
+
+def _repair_hint(name: str) -> str:
+    if name.startswith("refs/heads/"):
+        return f"delete it with `vrl branch -d {short_ref(name)}` or overwrite it with --force"
+    if name.startswith("refs/tags/"):
+        return f"delete it with `vrl tag -d {short_ref(name)}` or overwrite it with --force"
+    return "fix or delete the file (`vrl fsck` lists damaged refs)"
+
+
+def _remove_empty_tree(folder: Path) -> bool:
+    """Remove `folder` if no file is under it (only empty folders); True if removed."""
+    if any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
+        return False
+    for sub in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _proc_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot, Linux): with the pid it names
+    one process, even after the pid has been reused. None where /proc is unavailable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()  # the name (field 2) may hold spaces
+    return fields[19].decode() if len(fields) > 19 else None
 
 
 def utc_now() -> str:
@@ -99,10 +167,13 @@ class RefStore:
     def read_raw(self, name: str) -> str | None:
         """The ref's content: an object id, `ref: refs/...` for a symbolic ref, or None."""
         try:
-            text = self._path(name).read_text().strip()
+            data = self._path(name).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
-        return text or None
+        except OSError as exc:
+            raise storage_error(exc, self.root, f"reading {name}") from exc
+        # garbage bytes must not crash a reader: they show up as damage (see `problem`)
+        return data.decode("utf-8", "replace").strip() or None
 
     def read(self, name: str) -> ObjectId | None:
         """Resolve a ref (following HEAD's symbolic link) to an id, or None if unborn."""
@@ -114,28 +185,53 @@ class RefStore:
                 name = raw[5:]
                 continue
             if not is_object_id(raw):
-                raise RevisionError(f"ref {name} holds {raw[:20]!r}, not a commit id "
-                                    "(run `vrl fsck`)")
+                raise RevisionError(f"ref {name} is damaged: it holds {raw[:20]!r}, not a "
+                                    f"commit id; {_repair_hint(name)}")
             return ObjectId(raw)
         raise RevisionError(f"ref {name} is a symbolic-ref loop")
+
+    def problem(self, name: str) -> str | None:
+        """Why the ref cannot be read (its file holds no commit id), or None if it can."""
+        try:
+            self.read(name)
+        except RevisionError as exc:
+            return str(exc)
+        return None
 
     def head_target(self) -> str | None:
         """The branch ref HEAD points to, or None if HEAD is detached."""
         raw = self.read_raw("HEAD")
         return raw[5:] if raw and raw.startswith("ref: ") else None
 
-    def list(self, prefix: str = "refs/") -> dict[str, ObjectId]:
-        out: dict[str, ObjectId] = {}
+    def _ref_files(self, prefix: str) -> Iterator[str]:
         base = self.root / prefix
         if not base.is_dir():
-            return out
+            return
         for path in sorted(base.rglob("*")):
             if path.is_file() and not path.name.endswith(".lock") and \
                     not path.name.startswith(".tmp-"):
-                name = path.relative_to(self.root).as_posix()
+                yield path.relative_to(self.root).as_posix()
+
+    def list(self, prefix: str = "refs/") -> dict[str, ObjectId]:
+        """Every readable ref under `prefix`; damaged ones are left out (see `damaged`)."""
+        out: dict[str, ObjectId] = {}
+        for name in self._ref_files(prefix):
+            try:
                 value = self.read(name)
-                if value:
-                    out[name] = value
+            except VrlError:
+                continue
+            if value:
+                out[name] = value
+        return out
+
+    def damaged(self, prefix: str = "refs/") -> dict[str, str]:
+        """Ref files under `prefix` that hold no commit id (or a bad name): name -> why."""
+        out: dict[str, str] = {}
+        for name in self._ref_files(prefix):
+            try:
+                self.read(name)
+            except VrlError as exc:
+                out[name] = str(exc)
         return out
 
     # ---------------------------------------------------------------- writing
@@ -144,9 +240,13 @@ class RefStore:
         lock = self._path(name).with_name(self._path(name).name + ".lock")
         deadline = time.monotonic() + (LOCK_TIMEOUT if timeout is None else timeout)
         delay = 0.001
+        self._check_clash(name)
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, self.root, f"locking {name}") from exc
         while True:
             try:
-                lock.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 break
             except FileExistsError:
@@ -162,7 +262,8 @@ class RefStore:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
         try:
             try:
-                os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+                owner = f"{os.getpid()} {socket.gethostname()} {_proc_start(os.getpid()) or ''}"
+                os.write(fd, owner.strip().encode() + b"\n")
             except OSError as exc:  # e.g. the disk is full
                 raise storage_error(exc, self.root, f"locking {name}") from exc
             finally:
@@ -171,9 +272,31 @@ class RefStore:
         finally:
             lock.unlink(missing_ok=True)
 
+    def _check_clash(self, name: str) -> None:
+        """Refuse at once a ref that would be both a file and a folder of refs (`x` and
+        `x/y`), as Git does; a folder left empty by deleted refs is removed instead."""
+        if name == "HEAD":
+            return
+        parts = name.split("/")
+        for i in range(2, len(parts)):
+            above = "/".join(parts[:i])
+            if (self.root / above).is_file():
+                raise RefConflictError(
+                    f"cannot create {name}: {above} exists, and a ref cannot also be a folder "
+                    f"of refs; delete or rename {short_ref(above)!r} first")
+        for base in (self.root, self._log_path("")):
+            folder = base / name
+            if folder.is_dir() and not _remove_empty_tree(folder):
+                inside = next((p.relative_to(self.root).as_posix()
+                               for p in sorted(folder.rglob("*")) if p.is_file()), name)
+                raise RefConflictError(
+                    f"cannot create {name}: {inside} exists, and a ref cannot also be a "
+                    f"folder of refs; delete or rename {short_ref(inside)!r} first")
+
     @staticmethod
     def _is_stale(lock: Path) -> bool | None:
-        """True if the lock's owner died (same host) or it is very old; None if it vanished."""
+        """True if the lock's owner died or its pid now names another process (same host),
+        or the lock is very old; None if it vanished."""
         try:
             text = lock.read_text().split()
             age = time.time() - lock.stat().st_mtime
@@ -181,8 +304,12 @@ class RefStore:
             return None
         except OSError:
             return False
-        dead = (len(text) == 2 and text[1] == socket.gethostname() and text[0].isdigit()
-                and not _pid_alive(int(text[0])))
+        dead = False
+        if len(text) in (2, 3) and text[1] == socket.gethostname() and text[0].isdigit():
+            pid = int(text[0])
+            # a live pid may have been reused by an unrelated process: its start time differs
+            dead = not _pid_alive(pid) or (len(text) == 3 and
+                                           _proc_start(pid) not in (None, text[2]))
         return dead or age > STALE_LOCK_AGE or (not text and age > 2.0)
 
     def _break_stale(self, lock: Path) -> bool:
@@ -241,11 +368,15 @@ class RefStore:
             if target:
                 name = target
         with self.lock(name):
+            damage = None
             if name == "HEAD":  # detached (or being detached): HEAD holds an id itself
                 raw = self.read_raw("HEAD")
                 old = ObjectId(raw) if raw and is_object_id(raw) else None
             else:
-                old = self.read(name)
+                damage = self.problem(name)
+                old = None if damage else self.read(name)
+            if damage and expected is not ANY:
+                raise RefConflictError(damage)
             if expected is not ANY and old != expected:
                 raise RefConflictError(
                     f"{short_ref(name)} moved: expected {(expected or 'none')[:12]}, found "
@@ -257,6 +388,7 @@ class RefStore:
                 except OSError as exc:
                     raise storage_error(exc, self.root, f"deleting {name}") from exc
                 self._remove_log(name)
+                self._remove_empty_parents(name)
             else:
                 logs = [name] + (["HEAD"] if name != "HEAD" and self.head_target() == name
                                  else [])
@@ -330,25 +462,42 @@ class RefStore:
         with contextlib.suppress(OSError):
             self._log_path(name).unlink()
 
-    def reflog(self, name: str = "HEAD") -> list[ReflogEntry]:
-        """Entries newest first. A torn last line (crash mid-append) is skipped."""
+    def _remove_empty_parents(self, name: str) -> None:
+        """After deleting `x/y`, drop the folder `x` if it is empty, so `x` can be a ref."""
+        parts = name.split("/")
+        for i in range(len(parts) - 1, 2, -1):
+            for base in (self.root, self._log_path("")):
+                with contextlib.suppress(OSError):
+                    (base / "/".join(parts[:i])).rmdir()
+
+    def read_log(self, name: str = "HEAD") -> ReflogRead:
+        """Every entry of a reflog (newest first), with every damaged line reported."""
         try:
-            lines = self._log_path(name).read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in reversed(lines):
-            try:
-                head, reason = line.split("\t", 1)
-                old, new, when, *who = head.split(" ")
-            except ValueError:
-                continue
-            if not (is_object_id(old) and is_object_id(new)):
-                continue
-            out.append(ReflogEntry(None if old == ZERO else ObjectId(old),
-                                   None if new == ZERO else ObjectId(new),
-                                   when, " ".join(who), reason))
-        return out
+            data = self._log_path(name).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return ReflogRead([], [], None)
+        except OSError as exc:
+            raise storage_error(exc, self.root, f"reading the reflog of {name}") from exc
+        lines = data.split(b"\n")
+        last = lines.pop()  # b"" when the file ends with a newline, as every append does
+        torn = None
+        if last:  # a crash mid-append: the entry never completed, the ref did not move
+            torn = f"logs/{name}: line {len(lines) + 1} is incomplete (an interrupted write)"
+        out: list[ReflogEntry] = []
+        damaged: list[str] = []
+        for number, raw in enumerate(lines, 1):
+            entry = _parse_log_line(raw)
+            if entry is None:
+                shown = raw[:60].decode("utf-8", "replace")
+                damaged.append(f"logs/{name}: line {number} is damaged ({shown!r})")
+            else:
+                out.append(entry)
+        out.reverse()
+        return ReflogRead(out, damaged, torn)
+
+    def reflog(self, name: str = "HEAD") -> list[ReflogEntry]:
+        """Entries newest first; damaged lines are skipped (`read_log` reports them)."""
+        return self.read_log(name).entries
 
     def all_logs(self) -> Iterator[str]:
         base = self.root / "logs"

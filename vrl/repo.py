@@ -49,6 +49,7 @@ PROBE_MIN = 1 << 16  # smaller tensors are simply re-hashed
 RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics
 COMMIT_RETRIES = 8
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
+_REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,9 @@ class Repo(Maintenance, WorkspaceMixin):
         return parents[n - 1]
 
     def _resolve_base(self, base: str, rev: str) -> ObjectId:
+        reflog = _REFLOG_REV.match(base)
+        if reflog:
+            return self._resolve_reflog(reflog["ref"], int(reflog["n"]), rev)
         if base in ("HEAD", "@"):
             head = self.head()
             if head is None:
@@ -269,6 +273,32 @@ class Repo(Maintenance, WorkspaceMixin):
                                     "use more characters")
         raise RevisionError(f"unknown revision {rev!r}: not a branch, tag or commit id "
                             "(see `vrl log` and `vrl branch`)")
+
+    def _resolve_reflog(self, ref: str, n: int, rev: str) -> ObjectId:
+        """`REF@{n}`: where REF was n moves ago, as `vrl reflog` numbers them."""
+        if ref in ("", "HEAD", "@"):
+            candidates = ["HEAD"]
+        elif ref.startswith("refs/"):
+            candidates = [ref]
+        else:
+            candidates = [f"refs/heads/{ref}", f"refs/tags/{ref}", f"refs/remotes/{ref}"]
+        for name in candidates:
+            try:
+                entries = self.refs.reflog(check_ref_name(name) if name != "HEAD" else name)
+            except VrlError:
+                continue
+            if not entries:
+                continue
+            if n >= len(entries):
+                raise RevisionError(f"unknown revision {rev!r}: the reflog of "
+                                    f"{short_ref(name)} has only {len(entries)} entries "
+                                    "(see `vrl reflog`)")
+            oid = entries[n].new
+            if oid is None:
+                raise RevisionError(f"revision {rev!r} names a deletion in the reflog")
+            return oid
+        raise RevisionError(f"unknown revision {rev!r}: {ref or 'HEAD'} has no reflog "
+                            "(see `vrl reflog`)")
 
     def _commits_with_prefix(self, prefix: str) -> list[ObjectId]:
         folder = self.objects.root / prefix[:2]
@@ -462,22 +492,38 @@ class Repo(Maintenance, WorkspaceMixin):
         return unflatten(manifest.tree, tensors)
 
     def checkout(self, rev: str, model: Any = None, optimizer: Any = None,
-                 create_branch: str | None = None) -> ObjectId:
-        """Move HEAD to `rev` (attached when `rev` is a branch) and load it into `model`."""
+                 create_branch: str | None = None, workspace: bool = False) -> ObjectId:
+        """Load `rev` into `model`/`optimizer` (and the workspace checkpoint), then move HEAD
+        (attached when `rev` is a branch).
+
+        Data first, refs last: a snapshot that cannot be loaded or written (pruned, missing,
+        a full disk) leaves HEAD and every branch where they were.
+        """
         oid = self.resolve(rev)
+        branch_ref = None
+        if create_branch:
+            check_ref_name(create_branch, "branch")
+            if self.refs.read_raw(f"refs/heads/{create_branch}") is not None:
+                raise RefConflictError(f"branch {create_branch!r} already exists; use "
+                                       "another name")
+        elif self._is_branch(rev):
+            # HEAD attaches to the branch, so its tip is what is checked out, even where a
+            # tag of the same name resolves elsewhere (as `git checkout` does)
+            branch_ref = f"refs/heads/{rev}"
+            oid = self.refs.read(branch_ref) or oid
+        if workspace:  # loading fetches a pruned snapshot from a remote where it can
+            self.write_workspace(oid)
+        if model is not None or optimizer is not None:
+            load_into(self.load(oid), model, optimizer)
+        self.ensure_restorable(oid, "check out")
         if create_branch:
             self.branch(create_branch, oid)
             self.refs.set_head(f"refs/heads/{create_branch}",
                                reason=f"checkout: moving to new branch {create_branch}")
-        elif self._is_branch(rev):
-            # HEAD attaches to the branch, so its tip is what is checked out, even where a
-            # tag of the same name resolves elsewhere (as `git checkout` does)
-            oid = self.refs.read(f"refs/heads/{rev}") or oid
-            self.refs.set_head(f"refs/heads/{rev}", reason=f"checkout: moving to {rev}")
+        elif branch_ref:
+            self.refs.set_head(branch_ref, reason=f"checkout: moving to {rev}")
         else:
             self.refs.set_head(oid, reason=f"checkout: moving to {rev}")
-        if model is not None or optimizer is not None:
-            load_into(self.load(oid), model, optimizer)
         return oid
 
     def _is_branch(self, name: str) -> bool:
@@ -486,9 +532,17 @@ class Repo(Maintenance, WorkspaceMixin):
         except VrlError:
             return False
 
-    def reset(self, rev: str) -> tuple[ObjectId | None, ObjectId]:
-        """Point the current branch (or detached HEAD) at `rev`; return (old, new)."""
+    def reset(self, rev: str, workspace: bool = False) -> tuple[ObjectId | None, ObjectId]:
+        """Point the current branch (or detached HEAD) at `rev`; return (old, new).
+
+        With `workspace`, the workspace checkpoint is rewritten first; if that fails, no
+        ref moves.
+        """
         oid = self.resolve(rev)
+        branch = self.current_branch()
+        self.ensure_restorable(oid, "reset to", keep=branch is not None)
+        if workspace:
+            self.write_workspace(oid)
         old = self.refs.update("HEAD", oid, reason=f"reset: moving to {rev}")
         return old, oid
 
@@ -549,43 +603,59 @@ class Repo(Maintenance, WorkspaceMixin):
         check_ref_name(name, "branch")
         oid = self.resolve(rev)
         ref = f"refs/heads/{name}"
+        if not force and self.refs.read_raw(ref) is not None:
+            raise RefConflictError(self.refs.problem(ref) or f"branch {name!r} already "
+                                   "exists; use another name or --force")
+        self.ensure_restorable(oid, "branch", keep=True)
         try:
             self.refs.update(ref, oid, expected=ANY if force else None,
                              reason=f"branch: created from {rev}")
         except RefConflictError:
+            if self.refs.read_raw(ref) is None:
+                raise  # not a race with its creation: a name clash, a lock
             raise RefConflictError(f"branch {name!r} already exists; use another name or "
                                    "--force") from None
         return oid
 
-    def delete_branch(self, name: str) -> ObjectId:
+    def delete_branch(self, name: str) -> ObjectId | None:
+        """Delete a branch; return where it pointed (None for a damaged ref file)."""
         check_ref_name(name, "branch")
         if self.current_branch() == name:
             raise VrlError(f"cannot delete branch {name!r}: HEAD is on it; check out another "
                            "branch first")
-        old = self.refs.read(f"refs/heads/{name}")
-        if old is None:
-            raise RevisionError(f"branch {name!r} not found")
-        self.refs.update(f"refs/heads/{name}", None, expected=old, reason="branch: deleted")
-        return old
+        return self._delete_ref(f"refs/heads/{name}", f"branch {name!r}", "branch: deleted")
 
     def tag(self, name: str, rev: str = "HEAD", force: bool = False) -> ObjectId:
         check_ref_name(name, "tag")
         oid = self.resolve(rev)
+        ref = f"refs/tags/{name}"
+        if not force and self.refs.read_raw(ref) is not None:
+            raise RefConflictError(self.refs.problem(ref) or f"tag {name!r} already exists; "
+                                   "use --force to move it")
+        self.ensure_restorable(oid, "tag", keep=True)
         try:
-            self.refs.update(f"refs/tags/{name}", oid, expected=ANY if force else None,
-                             reason=f"tag: {rev}")
+            self.refs.update(ref, oid, expected=ANY if force else None, reason=f"tag: {rev}")
         except RefConflictError:
+            if self.refs.read_raw(ref) is None:
+                raise
             raise RefConflictError(f"tag {name!r} already exists; use --force to move it") \
                 from None
         return oid
 
-    def delete_tag(self, name: str) -> ObjectId:
+    def delete_tag(self, name: str) -> ObjectId | None:
+        """Delete a tag; return where it pointed (None for a damaged ref file)."""
         check_ref_name(name, "tag")
-        old = self.refs.read(f"refs/tags/{name}")
-        if old is None:
-            raise RevisionError(f"tag {name!r} not found")
-        self.refs.update(f"refs/tags/{name}", None, expected=old, reason="tag: deleted")
+        return self._delete_ref(f"refs/tags/{name}", f"tag {name!r}", "tag: deleted")
+
+    def _delete_ref(self, ref: str, what: str, reason: str) -> ObjectId | None:
+        damaged = self.refs.problem(ref) is not None
+        old = None if damaged else self.refs.read(ref)
+        if old is None and not damaged:
+            raise RevisionError(f"{what} not found")
+        # a damaged file holds no value to compare with: it is removed as it is
+        self.refs.update(ref, None, expected=ANY if damaged else old, reason=reason)
         return old
+
 
 def _neg_time(time: str) -> str:
     # heapq is a min-heap; invert the ISO timestamp so the newest pops first

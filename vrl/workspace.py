@@ -4,6 +4,7 @@ ever unpickled: `.pt` files load with weights_only=True."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vrl.diff import DiffResult, compare
-from vrl.errors import CheckpointError, WorkspaceError
+from vrl.errors import CheckpointError, StorageError, VrlError, WorkspaceError
 from vrl.object_store import discard, storage_error
 from vrl.objects import Manifest, ObjectId, TensorEntry, is_object_id
 
@@ -105,9 +106,28 @@ def write_checkpoint(tree: Any, path: str | Path) -> None:
     except OSError as exc:
         discard(tmp)
         raise storage_error(exc, path.parent, f"writing {path.name}") from exc
+    except VrlError:
+        discard(tmp)
+        raise
+    except Exception as exc:  # safetensors and torch wrap I/O errors (a full disk) in theirs
+        error = _writer_error(exc, path)
+        discard(tmp)
+        raise error from exc
     except BaseException:
         discard(tmp)
         raise
+
+
+def _writer_error(exc: Exception, path: Path) -> VrlError:
+    try:
+        st = os.statvfs(path.parent)
+        full = st.f_bavail * st.f_frsize < (1 << 16)
+    except OSError:
+        full = False
+    if full or "os error 28" in str(exc) or "No space left" in str(exc):
+        return storage_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path.parent,
+                             f"writing {path.name}")
+    return StorageError(f"could not write {path}: {_first_line(exc)}")
 
 
 def _numpy_to_torch(tree: Any) -> Any:

@@ -18,6 +18,7 @@ from vrl.cli._common import (
     short,
     table,
 )
+from vrl.cli.refs import warn_damaged_refs
 from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
 
@@ -58,6 +59,7 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
         as_json: bool) -> None:
     """Show the history of snapshots reachable from REV."""
     entries = repo.log(rev, max_count=max_count)
+    warn_damaged_refs(repo)
     if as_json:
         echo_json([_entry_json(e) for e in entries])
         return
@@ -175,7 +177,10 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
 def reflog(repo: Repo, ref: str, max_count: int | None, as_json: bool) -> None:
     """Every move of HEAD (or a branch): the undo history."""
     name = ref if ref == "HEAD" or ref.startswith("refs/") else f"refs/heads/{ref}"
-    entries = repo.refs.reflog(name)[:max_count]
+    read = repo.refs.read_log(name)
+    for damage in read.damaged:  # never silent: `vrl fsck` reports these too
+        click.echo(f"warning: {damage}", err=True)
+    entries = read.entries[:max_count]
     if as_json:
         echo_json([{"old": e.old, "new": e.new, "time": e.time, "who": e.who,
                     "reason": e.reason} for e in entries])

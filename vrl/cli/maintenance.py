@@ -1,44 +1,80 @@
-"""Repository maintenance: gc and fsck."""
+"""Repository maintenance: gc, fsck and prune."""
 
 from __future__ import annotations
+
+import time
 
 import click
 
 from vrl.cli._common import echo_json, json_option, pass_repo
 from vrl.diff import human_bytes
+from vrl.errors import VrlError
 from vrl.repo import Repo
+
+
+def _when(moment: float) -> str:
+    minutes = max(1, round((moment - time.time()) / 60))
+    clock = time.strftime("%H:%M", time.localtime(moment))
+    return f"in {minutes} min (at {clock})"
+
+
+def pending_note(repo: Repo, grace: float | None = None) -> tuple[int, float | None, str]:
+    """Unreachable bytes gc keeps for now (the grace period protects commits in flight),
+    when the last becomes freeable, and a sentence saying so ("" if none)."""
+    size, latest = repo.gc_pending(grace)
+    if not size or latest is None:
+        return size, latest, ""
+    return size, latest, (
+        f"{human_bytes(size)} more become freeable {_when(latest)}, when the gc grace period "
+        "has passed; `vrl gc --now` frees them at once (only while no other vrl process is "
+        "committing)")
 
 
 @click.command()
 @click.option("--grace", type=float, default=None, metavar="SECONDS",
               help="Keep unreachable objects younger than this [default: gc.grace, 3600].")
+@click.option("--now", is_flag=True, help="Same as --grace 0.")
 @click.option("--dry-run", is_flag=True, help="Only report what would be removed.")
 @click.option("--expire-reflog", is_flag=True,
               help="Forget the reflog first, so snapshots only it kept alive are removed.")
 @json_option
 @pass_repo
-def gc(repo: Repo, grace: float | None, dry_run: bool, expire_reflog: bool,
+def gc(repo: Repo, grace: float | None, now: bool, dry_run: bool, expire_reflog: bool,
        as_json: bool) -> None:
     """Delete objects no ref, HEAD or reflog entry can reach."""
+    if now:
+        grace = 0.0
     count, freed = repo.gc(grace=grace, dry_run=dry_run, expire_reflog=expire_reflog)
+    if grace is not None and grace < 60 and not dry_run:
+        # the grace period is what protects a commit in flight: its new objects are written
+        # (unreachable) before its ref moves
+        click.echo("warning: a grace period under a minute can delete the objects of a "
+                   "commit another vrl process was making at the same time, breaking it; use "
+                   "it only when no other vrl process is running", err=True)
+    size, latest, note = pending_note(repo, grace)
     if as_json:
-        echo_json({"objects": count, "bytes": freed, "dry_run": dry_run})
+        echo_json({"objects": count, "bytes": freed, "dry_run": dry_run,
+                   "pending_bytes": size, "pending_until": latest})
         return
     verb = "Would remove" if dry_run else "Removed"
     click.echo(f"{verb} {count} unreachable objects ({human_bytes(freed)})")
+    if note:
+        click.echo(note[0].upper() + note[1:])
 
 
 @click.command()
 @json_option
 @pass_repo
 def fsck(repo: Repo, as_json: bool) -> None:
-    """Re-hash every object and check every commit, manifest and ref."""
+    """Check objects (re-hashed), commits, manifests, refs and reflogs; list every problem."""
     report = repo.fsck()
     if as_json:
         echo_json(report)
     else:
         for problem in report["problems"]:
             click.echo(f"error: {problem}")
+        for warning in report["warnings"]:
+            click.echo(f"warning: {warning['message']}")
         for oid in report["dangling_commits"]:
             click.echo(f"dangling commit {oid}")
         state = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
@@ -76,8 +112,20 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
     for oid in pruned:
         message = repo.read_commit(oid).message
         click.echo(f"{verb} {oid[:12]} {message.splitlines()[0] if message else ''}".rstrip())
-    click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
-               "`vrl gc` to free their space")
+    if dry_run or not pruned:
+        click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
+                   "`vrl gc` to free their space")
+        return
+    click.echo(f"{len(pruned)} snapshot(s) pruned")
+    try:
+        _, freed = repo.gc(dry_run=True)
+        note = pending_note(repo)[2]
+    except VrlError:  # e.g. a damaged reflog: gc itself will explain
+        return
+    if freed:
+        click.echo(f"`vrl gc` frees {human_bytes(freed)} now" + (f"; {note}" if note else ""))
+    elif note:
+        click.echo(f"`vrl gc` frees nothing yet: {note}")
 
 
 COMMANDS = [gc, fsck, prune]

@@ -8,6 +8,16 @@ from vrl.cli._common import echo_json, first_line, json_option, pass_repo, short
 from vrl.repo import Repo
 
 
+def warn_damaged_refs(repo: Repo, prefix: str = "refs/") -> None:
+    """List the refs that cannot be read on stderr (the good ones are still shown)."""
+    for why in repo.refs.damaged(prefix).values():
+        click.echo(f"warning: {why}", err=True)
+
+
+def _was(oid: str | None) -> str:
+    return f"was {short(oid)}" if oid else "it was damaged"
+
+
 @click.command()
 @click.argument("name", required=False)
 @click.argument("rev", required=False, default="HEAD")
@@ -22,7 +32,7 @@ def branch(repo: Repo, name: str | None, rev: str, delete: bool, force: bool,
         if not name:
             raise click.UsageError("give the branch to delete")
         old = repo.delete_branch(name)
-        click.echo(f"Deleted branch {name} (was {short(old)})")
+        click.echo(f"Deleted branch {name} ({_was(old)})")
         return
     if name:
         oid = repo.branch(name, rev, force=force)
@@ -30,6 +40,7 @@ def branch(repo: Repo, name: str | None, rev: str, delete: bool, force: bool,
         return
     current = repo.current_branch()
     branches = repo.branches()
+    warn_damaged_refs(repo, "refs/heads/")
     if as_json:
         echo_json({"current": current, "branches": branches})
         return
@@ -54,13 +65,14 @@ def tag(repo: Repo, name: str | None, rev: str, delete: bool, force: bool,
         if not name:
             raise click.UsageError("give the tag to delete")
         old = repo.delete_tag(name)
-        click.echo(f"Deleted tag {name} (was {short(old)})")
+        click.echo(f"Deleted tag {name} ({_was(old)})")
         return
     if name:
         oid = repo.tag(name, rev, force=force)
         click.echo(f"Tagged {short(oid)} as {name}")
         return
     tags = repo.tags()
+    warn_damaged_refs(repo, "refs/tags/")
     if as_json:
         echo_json(tags)
         return

@@ -110,9 +110,12 @@ def checkout(repo: Repo, rev: str | None, new_branch: str | None, force: bool,
     write = not no_workspace
     if write and not force:
         repo.ensure_clean_workspace()
-    target = repo.checkout(rev, create_branch=new_branch)  # a branch wins over a tag
-    if write:
-        repo.write_workspace(target)
+    # the workspace is written first; HEAD moves only once that worked
+    target = repo.checkout(rev, create_branch=new_branch, workspace=write)
+    if target in repo.pruned():
+        click.echo(f"warning: snapshot {short(target)} was pruned by retention: `vrl gc` "
+                   "frees its tensors once HEAD moves away; tag or branch it to keep it",
+                   err=True)
     branch = repo.current_branch()
     c = repo.read_commit(target)
     if new_branch:
@@ -172,13 +175,12 @@ def status(repo: Repo, show_all: bool, as_json: bool) -> None:
 @pass_repo
 def reset(repo: Repo, rev: str, hard: bool) -> None:
     """Roll the current branch back (or forward) to REV in one command."""
-    old, new = repo.reset(rev)
-    if hard:
-        repo.write_workspace(new)
+    old, new = repo.reset(rev, workspace=hard)  # the workspace first, then the branch
     c = repo.read_commit(new)
     click.echo(f"HEAD is now at {short(new)} {first_line(c.message)}")
     if old and old != new:
-        click.echo(f"(was {short(old)}; `vrl reset {short(old)}` undoes this)")
+        undo = f"vrl reset --hard {short(old)}" if hard else f"vrl reset {short(old)}"
+        click.echo(f"(was {short(old)}; `{undo}` undoes this)")
 
 
 COMMANDS = [init, commit, checkout, export, status, reset]

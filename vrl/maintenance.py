@@ -111,7 +111,8 @@ class Maintenance:
                 if oid in pruned:
                     continue
                 try:
-                    seen.update(e.id for e in self.read_manifest(commit.manifest).tensors.values())
+                    seen.update(e.id for e in
+                                self.read_manifest(commit.manifest).data_entries().values())
                 except VrlError:
                     continue
         return seen
@@ -189,7 +190,7 @@ class Maintenance:
             except VrlError as exc:
                 problems.append(f"bad manifest {commit.manifest}: {exc}")
                 continue
-            for name, entry in manifest.tensors.items():
+            for name, entry in manifest.data_entries().items():
                 referenced.add(entry.id)
                 if entry.id not in kinds:
                     if not (pruned or lazy or self.objects.has(entry.id)):  # corrupt: said

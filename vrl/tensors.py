@@ -3,8 +3,8 @@ tensors plus a JSON skeleton, and back, bit-exactly.
 
 torch is imported only where torch tensors are involved: a checkpoint read from a
 safetensors file holds RawTensors (raw bytes, vrl.safetensors_file) and never needs it.
-Where torch is not imported yet, no value can be a torch tensor, so flatten() does not
-import it to find out.
+Where torch (or numpy) is not imported yet, no value can be a torch tensor (or an ndarray),
+so flatten() does not import them to find out.
 
 Skeleton encoding (JSON objects appear only as tags, so user data cannot be confused
 with them): dict -> {"$d": [[key, value], ...]} (keys str or int, order kept);
@@ -20,8 +20,6 @@ import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from vrl.errors import CheckpointError
 from vrl.safetensors_file import RawTensor
@@ -83,6 +81,7 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     ties: dict[str, str] = {}
     seen: dict[tuple, str] = {}
     torch = _torch()
+    np = sys.modules.get("numpy")
 
     def name_for(path: list[str]) -> str:
         name = SEP.join(path) or "tensor"
@@ -117,7 +116,7 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
                 else:
                     seen[key] = name
             return {"$t": name}
-        if isinstance(value, np.ndarray):
+        if np is not None and isinstance(value, np.ndarray):
             if value.dtype.hasobject:
                 raise CheckpointError(f"array {SEP.join(path)!r} holds Python objects")
             name = name_for(path)
@@ -145,7 +144,7 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             return {"$b": base64.b64encode(value).decode()}
         if torch is not None and isinstance(value, torch.dtype):
             return {"$dt": _dtype_name(value)}
-        if isinstance(value, (np.integer, np.floating, np.bool_)):
+        if np is not None and isinstance(value, (np.integer, np.floating, np.bool_)):
             return enc(value.item(), path)
         raise CheckpointError(f"value at {SEP.join(path) or 'top level'!r} has type "
                               f"{type(value).__name__}, which a checkpoint cannot hold "
@@ -192,6 +191,8 @@ def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     """(raw little-endian bytes, dtype name, shape, keep-alive) of a tensor or array."""
     if isinstance(value, RawTensor):
         return value.data, value.dtype, value.shape, value
+    import numpy as np
+
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         if arr.dtype.byteorder == ">":
@@ -212,6 +213,8 @@ def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int
     """A tensor (or ndarray) viewing `buf` (any writable or read-only buffer) from `offset`."""
     nbytes = len(memoryview(buf).cast("B")) - offset
     if dtype.startswith("numpy:"):
+        import numpy as np
+
         return np.frombuffer(buf, dtype=np.dtype(dtype[6:]), offset=offset,
                              count=nbytes // np.dtype(dtype[6:]).itemsize).reshape(shape)
     import torch

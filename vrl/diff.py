@@ -146,7 +146,7 @@ _FP8 = {"float8_e4m3fn": (4, 7, "fn"), "float8_e5m2": (5, 15, "ieee"),
 _FP8_TABLES: dict[str, Any] = {}
 # dtypes reduced in float32 (as fast as and no less exact than torch's own reductions);
 # every other dtype in float64
-_F32_WORK = {"float32": "<f4", "float16": "<f2"}
+_HALF_TABLE: list[Any] = []  # float16 bit pattern -> float32 (a gather beats astype)
 _F64_WORK = {"float64": "<f8", "bool": "|b1", "uint8": "|u1", "int8": "|i1", "int16": "<i2",
              "uint16": "<u2", "int32": "<i4", "uint32": "<u4", "int64": "<i8", "uint64": "<u8",
              "complex32": "<f2", "complex64": "<f4", "complex128": "<f8"}
@@ -172,8 +172,13 @@ def _elements(value: Any) -> tuple[Any, Callable[[Any], Any]]:
     dtype, data = value.dtype, value.data
     if dtype.startswith("numpy:"):
         return _elements(np.frombuffer(data, dtype=np.dtype(dtype[6:])))
-    if dtype in _F32_WORK:
-        return np.frombuffer(data, _F32_WORK[dtype]), lambda x: x.astype(np.float32)
+    if dtype == "float32":
+        return np.frombuffer(data, "<f4"), lambda x: x
+    if dtype == "float16":
+        if not _HALF_TABLE:
+            _HALF_TABLE.append(np.arange(1 << 16, dtype=np.uint16).view("<f2")
+                               .astype(np.float32))
+        return np.frombuffer(data, "<u2"), lambda x: np.take(_HALF_TABLE[0], x)
     if dtype == "bfloat16":  # the top half of a float32
         return np.frombuffer(data, "<u2"), \
             lambda x: (x.astype(np.uint32) << 16).view(np.float32)
@@ -183,7 +188,7 @@ def _elements(value: Any) -> tuple[Any, Callable[[Any], Any]]:
         if dtype not in _FP8_TABLES:
             _FP8_TABLES[dtype] = _fp8_table(*_FP8[dtype])
         table = _FP8_TABLES[dtype]
-        return np.frombuffer(data, "|u1"), lambda x: table[x]
+        return np.frombuffer(data, "|u1"), lambda x: np.take(table, x)
     # an exotic dtype numpy cannot read (sub-byte integers, ...): let torch convert it
     import torch
 
@@ -211,8 +216,10 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
     for i in range(0, a_all.size, CHUNK):
         a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
         d = b - a
-        d2 += float(np.dot(d, d))
-        o2 += float(np.dot(a, a))
+        # einsum, not dot: BLAS's threaded dot stalls for milliseconds per call on a busy
+        # machine; einsum's own vectorised loop is steady and needs no threads
+        d2 += float(np.einsum("i,i->", d, d))
+        o2 += float(np.einsum("i,i->", a, a))
         m = float(np.abs(d).max())
         if m > mx or m != m:
             mx = m
@@ -226,7 +233,7 @@ def _norm_sq(value: Any) -> float:
     total = 0.0
     for i in range(0, arr.size, CHUNK):
         a = convert(arr[i:i + CHUNK])
-        total += float(np.dot(a, a))
+        total += float(np.einsum("i,i->", a, a))
     return total
 
 

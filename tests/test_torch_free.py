@@ -269,3 +269,42 @@ def test_files_safetensors_forbids_are_refused(ws, capsys, case):
     assert code == 1 and out == "" and err.count("\n") == 1
     assert err.startswith("error: bad.safetensors: not a valid safetensors file: ")
     assert Repo(ws).head() is None
+
+
+def test_repository_api_takes_raw_tensors_without_torch(tmp_path, poisoned):
+    """Repo.commit/snapshot accept raw tensors (bytes + dtype name) and numpy arrays, and
+    export them, all without torch."""
+    poison, marker = poisoned
+    script = f"""
+import struct, sys
+import numpy as np
+from vrl import Repo
+from vrl.safetensors_file import RawTensor, read_file
+repo = Repo.init({str(tmp_path / "r")!r})
+w = RawTensor("bfloat16", (2, 2), struct.pack("<4H", 0x3f80, 0x4000, 0x4040, 0xbf80))
+state = {{"w": w, "tied": w, "n": np.arange(3, dtype=np.int16), "step": 3}}
+first = repo.commit(state, env=False)
+state["w"] = RawTensor("bfloat16", (2, 2), struct.pack("<4H", 0x3f80, 0x4000, 0x4040, 0x3f80))
+second = repo.commit(state, env=False)
+layers = repo.diff(second).to_json()["layers"]
+assert layers["w"]["status"] == "changed" and layers["w"]["max_abs"] == 2.0, layers
+manifest = repo.read_manifest(repo.read_commit(first).manifest)
+assert manifest.tensors["tied"].tie == "w" and manifest.tensors["n"].dtype == "numpy:<i2"
+repo.export(first, {str(tmp_path / "x.safetensors")!r})
+f = read_file({str(tmp_path / "x.safetensors")!r})
+back = f.state()
+assert bytes(back["w"].data) == bytes(w.data) and back["tied"] is back["w"]
+assert back["n"].tolist() == [0, 1, 2] and back["step"] == 3
+try:
+    RawTensor("float32", (3,), b"12345678")
+except Exception as exc:
+    assert "cannot hold" in str(exc)
+else:
+    raise AssertionError("a size mismatch was accepted")
+assert "torch" not in sys.modules
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(poison), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()

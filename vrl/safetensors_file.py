@@ -57,10 +57,15 @@ class RawTensor:
 
     __slots__ = ("dtype", "shape", "data")
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], data: memoryview) -> None:
+    def __init__(self, dtype: str, shape: tuple[int, ...], data: Any) -> None:
+        view = memoryview(data)
+        self.data = view if view.format == "B" and view.ndim == 1 else view.cast("B")
         self.dtype = dtype
-        self.shape = tuple(shape)
-        self.data = data
+        self.shape = tuple(int(d) for d in shape)
+        size = _itemsize(dtype)
+        if size is not None and self.data.nbytes != math.prod(self.shape) * size:
+            raise CheckpointError(f"{self.data.nbytes} bytes cannot hold a {dtype} tensor of "
+                                  f"shape {list(self.shape)}")
 
     @property
     def nbytes(self) -> int:
@@ -68,6 +73,15 @@ class RawTensor:
 
     def __repr__(self) -> str:
         return f"RawTensor({self.dtype}, {list(self.shape)})"
+
+
+def _itemsize(dtype: str) -> int | None:
+    """Bytes per element of a manifest dtype name, where this module knows it."""
+    if dtype.startswith("numpy:"):
+        code = _NUMPY_CODES.get(dtype[6:])
+        return DTYPES[code][1] if code else None
+    code = CODES.get(dtype)
+    return DTYPES[code][1] if code else None
 
 
 @dataclass(frozen=True)

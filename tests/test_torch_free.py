@@ -142,7 +142,7 @@ def test_file_commands_never_import_torch(tmp_path, poisoned):
         changed = {k: v for k, v in result["layers"].items() if v["status"] == "changed"}
         assert set(changed) == set(want)
         for layer, (rel, mx) in want.items():
-            assert close(changed[layer]["rel"], rel, 1e-5), layer
+            assert close(changed[layer]["rel"], rel, 5e-5), layer
             assert changed[layer]["max_abs"] == mx, layer
 
 

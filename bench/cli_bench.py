@@ -84,19 +84,24 @@ def median(times: list[float]) -> float:
 
 def bench_vrl(tmp: Path, code: Path, v1: Path, v2: Path, runs: int) -> dict[str, float]:
     vrl = vrl_cmd(code)
-    commits, checkouts, exports = [], [], []
+    commits, bare_commits, checkouts, exports = [], [], [], []
     for r in range(runs):
         ws = tmp / f"vrl-{r}"
         ws.mkdir()
         run([*vrl, "init"], ws)
         shutil.copy(v1, ws / "policy.safetensors")
+        bare_commits.append(run([*vrl, "commit", "policy.safetensors", "-m", "v1",
+                                 "--no-env"], ws))
+        shutil.rmtree(ws / ".vrl")
+        run([*vrl, "init"], ws)
         commits.append(run([*vrl, "commit", "policy.safetensors", "-m", "v1"], ws))
         shutil.copy(v2, ws / "policy.safetensors")
         run([*vrl, "commit", "policy.safetensors", "-m", "v2"], ws)
         checkouts.append(run([*vrl, "checkout", "HEAD~1"], ws))
         exports.append(run([*vrl, "export", "main", "out.safetensors"], ws))
         shutil.rmtree(ws)
-    return {"commit_s": median(commits), "checkout_older_s": median(checkouts),
+    return {"commit_s": median(commits), "commit_no_env_s": median(bare_commits),
+            "checkout_older_s": median(checkouts),
             "export_s": median(exports)}
 
 

@@ -144,7 +144,7 @@ class Maintenance:
         if oid not in self.pruned():
             return
         manifest = self.read_manifest(self.read_commit(oid).manifest)
-        ids = {e.id for e in manifest.tensors.values()}
+        ids = {e.id for e in manifest.data_entries().values()}
         missing = [i for i in ids if not self.objects.has(i)]
         if missing and self.fetch_missing is None:
             raise PrunedError(
@@ -214,7 +214,8 @@ class Maintenance:
                 if oid in pruned:
                     continue
                 try:
-                    seen.update(e.id for e in self.read_manifest(commit.manifest).tensors.values())
+                    seen.update(e.id for e in
+                                self.read_manifest(commit.manifest).data_entries().values())
                 except VrlError:
                     continue
         return seen
@@ -349,7 +350,7 @@ class Maintenance:
                 state.add("manifest", commit.manifest, f"bad manifest {commit.manifest}: {exc}")
                 continue
             pruned = oid in state.pruned
-            for name, entry in manifest.tensors.items():
+            for name, entry in manifest.data_entries().items():
                 why = _entry_problem(manifest, name, entry)
                 if why:
                     state.add("manifest", commit.manifest,
@@ -400,7 +401,7 @@ class Maintenance:
             manifest = self.read_manifest(self.read_commit(oid).manifest)
         except VrlError:
             return []  # reported by _fsck_commits
-        return [e.id for e in manifest.tensors.values() if not self.objects.has(e.id)]
+        return [e.id for e in manifest.data_entries().values() if not self.objects.has(e.id)]
 
     def _fsck_reflogs(self: Repo, state: FsckState) -> None:
         """Every reflog line parses and names commits that are here (gc relies on them)."""

@@ -128,27 +128,59 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class FileLayout:
+    """The file a snapshot was committed from, so that checkout and export give back the
+    same bytes: its format and its verbatim header, stored as a uint8 tensor object (one
+    small object, shared by every commit of a file with the same header)."""
+
+    format: str  # "safetensors"
+    header: TensorEntry
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "header": self.header.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileLayout:
+        return cls(data["format"], TensorEntry.from_json(data["header"]))
+
+
+LAYOUT_NAME = "(file header)"  # how data_entries() names the layout's header object
+
+
+@dataclass(frozen=True)
 class Manifest:
     """Every tensor of a snapshot by name, plus the structure (tree) around them."""
 
     tensors: dict[str, TensorEntry]
     tree: Any  # JSON skeleton; see vrl.tensors for the encoding
+    layout: FileLayout | None = None  # absent for snapshots committed from memory
 
     def to_bytes(self) -> bytes:
-        return canonical_json({
+        data = {
             "format": FORMAT,
             "tensors": {k: v.to_json() for k, v in self.tensors.items()},
             "tree": self.tree,
-        })
+        }
+        if self.layout is not None:  # only then: older manifests keep their bytes and ids
+            data["layout"] = self.layout.to_json()
+        return canonical_json(data)
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Manifest:
         data = load_json(payload, "manifest")
         try:
             tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
-            return cls(tensors, data["tree"])
+            layout = FileLayout.from_json(data["layout"]) if "layout" in data else None
+            return cls(tensors, data["tree"], layout)
         except (KeyError, TypeError) as exc:
             raise CorruptObjectError(f"manifest is missing field {exc}") from exc
+
+    def data_entries(self) -> dict[str, TensorEntry]:
+        """Every data object the snapshot needs: its tensors and its file header, if any.
+        What walks objects (gc, fsck, push, fetch) walks these."""
+        if self.layout is None:
+            return self.tensors
+        return {**self.tensors, LAYOUT_NAME: self.layout.header}
 
     @property
     def nbytes(self) -> int:

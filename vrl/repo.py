@@ -11,6 +11,7 @@ import heapq
 import mmap
 import os
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from vrl.object_store import FileObjectStore, storage_error
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
+    FileLayout,
     Manifest,
     ObjectId,
     TensorEntry,
@@ -41,7 +43,8 @@ from vrl.objects import (
     is_object_id,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
-from vrl.workspace import WorkspaceMixin
+from vrl.safetensors_file import RawTensor, SafetensorsFile
+from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
@@ -161,18 +164,33 @@ class Repo(Maintenance, WorkspaceMixin):
         """A tensor from the store: memory-mapped (copy-on-write, private) when large."""
         from vrl.tensors import tensor_from_buffer
 
+        buf, offset = self._tensor_buffer(entry)
+        return tensor_from_buffer(buf, entry.dtype, entry.shape, offset=offset)
+
+    def read_tensor(self, entry: TensorEntry) -> RawTensor:
+        """A tensor's raw bytes from the store, without torch (memory-mapped when large)."""
+        buf, offset = self._tensor_buffer(entry)
+        data = memoryview(buf)[offset:offset + entry.nbytes]
+        if data.nbytes != entry.nbytes:
+            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
+                                     "wrong size; run `vrl fsck`")
+        return RawTensor(entry.dtype, entry.shape, data)
+
+    def _tensor_buffer(self, entry: TensorEntry) -> tuple[Any, int]:
+        """(buffer, offset) holding a tensor's bytes: a small payload read into memory, or
+        the object file memory-mapped (copy-on-write, private)."""
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)
             if payload is not None and not self.objects.verify_reads and \
                     self.objects.has(entry.id):
-                return tensor_from_buffer(payload, entry.dtype, entry.shape)
+                return payload, 0
             try:
                 kind, payload = self.objects.read(entry.id)
             except ObjectNotFoundError:
                 self._fetch_or_fail([entry])
                 kind, payload = self.objects.read(entry.id)
-            return tensor_from_buffer(payload, entry.dtype, entry.shape)
+            return payload, 0
         try:
             fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
         except FileNotFoundError:
@@ -189,7 +207,7 @@ class Repo(Maintenance, WorkspaceMixin):
                                                      threads=True) != entry.id:
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
                                      "match its id (run `vrl fsck`)")
-        return tensor_from_buffer(mapped, entry.dtype, entry.shape, offset=HEADER_SIZE)
+        return mapped, HEADER_SIZE
 
     def _remember(self, oid: ObjectId, payload: bytes) -> None:
         """Keep small payloads just committed: the next commit's layer statistics read them
@@ -320,6 +338,8 @@ class Repo(Maintenance, WorkspaceMixin):
                  ) -> tuple[ObjectId, Manifest, set[ObjectId]]:
         """Store every tensor of `state` and its manifest; return (id, manifest, new ids).
 
+        `state` may be a safetensors file opened by vrl.workspace.open_checkpoint (hashed
+        from its memory map, no torch; its header is kept so checkout gives the file back).
         With write=False nothing is stored (used to compare a workspace file with HEAD).
         """
         from vrl.tensors import flatten, to_state
@@ -327,7 +347,9 @@ class Repo(Maintenance, WorkspaceMixin):
         tensors, tree, ties = flatten(to_state(state))
         with self.objects.batch():
             entries, new_ids = self._store_tensors(tensors, ties, rehash, write)
-            manifest = Manifest(entries, tree)
+            layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
+                if isinstance(state, SafetensorsFile) else None
+            manifest = Manifest(entries, tree, layout)
             payload = manifest.to_bytes()
             mid = hash_object("manifest", payload)
             if write:
@@ -336,6 +358,33 @@ class Repo(Maintenance, WorkspaceMixin):
                 self.objects.write("manifest", payload, mid)
                 self._manifests[mid] = manifest
         return mid, manifest, new_ids
+
+    def _file_layout(self, source: SafetensorsFile, tensors: dict[str, Any],
+                     entries: dict[str, TensorEntry], tree: Any, write: bool,
+                     new_ids: set[ObjectId]) -> FileLayout | None:
+        """The header to keep so that `source` can be written back byte for byte, or None
+        where the canonical writer reproduces the file anyway (a file vrl wrote) or where
+        the file's names do not match the snapshot's (hand-edited vrl metadata; such a
+        file is written back in the canonical layout)."""
+        stored = {n for n, e in entries.items() if e.tie is None}
+        if stored != set(source.tensors):
+            return None
+        for name, raw in source.tensors.items():
+            entry = entries[name]
+            if entry.nbytes != raw.nbytes or (tensors[name] is not raw and
+                                              entry.id != hash_object("tensor", raw.data)):
+                return None
+        head = bytes(source.header_bytes)
+        try:
+            if canonical_header(tree, entries)[0] == head:
+                return None
+        except VrlError:
+            pass  # a dtype the canonical writer cannot write: keep the header
+        hid = hash_object("tensor", head)
+        if write and not self.objects.touch(hid):
+            self.objects.write("tensor", head, hid)
+            new_ids.add(hid)
+        return FileLayout("safetensors", TensorEntry(hid, "uint8", (len(head),), len(head)))
 
     def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], rehash: bool,
                        write: bool) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
@@ -375,10 +424,9 @@ class Repo(Maintenance, WorkspaceMixin):
 
     @staticmethod
     def _cache_key(value: Any) -> tuple | None:
-        import torch
-
-        if not isinstance(value, torch.Tensor) or value.numel() * value.element_size() \
-                < PROBE_MIN or value.is_inference():
+        torch = sys.modules.get("torch")  # not imported: no torch tensor to recognise
+        if torch is None or not isinstance(value, torch.Tensor) or \
+                value.numel() * value.element_size() < PROBE_MIN or value.is_inference():
             return None
         return (str(value.device), value.untyped_storage().data_ptr(), value.storage_offset(),
                 tuple(value.shape), value.stride(), value.dtype)
@@ -411,7 +459,7 @@ class Repo(Maintenance, WorkspaceMixin):
                                      f"({parent[:12]}); use --allow-empty to commit anyway")
             parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
                 if parent else None
-            stats = compare(parent_manifest, manifest, self.load_entry,
+            stats = compare(parent_manifest, manifest, self.read_tensor,
                             known_objects=lambda oid: oid not in new_ids,
                             threshold=threshold).to_json()
             stats["parent"] = parent
@@ -442,14 +490,20 @@ class Repo(Maintenance, WorkspaceMixin):
 
         oid = self.resolve(rev)
         manifest = self.read_manifest(self.read_commit(oid).manifest)
+        self.require_data(oid, manifest)
+        return self.load_manifest(manifest, unflatten)
+
+    def require_data(self, oid: ObjectId, manifest: Manifest) -> None:
+        """Make sure every data object of snapshot `oid` is here, fetching what a lazy clone
+        or retention left out; raise PrunedError where no remote has it."""
         try:
-            return self.load_manifest(manifest, unflatten)
+            self._fetch_or_fail(list(manifest.data_entries().values()))
         except PrunedError:
             if oid not in self.pruned():
                 raise
             tried = self._fetch_from_remotes(manifest)
             if tried is True:
-                return self.load_manifest(manifest, unflatten)
+                return
             where = f"no configured remote ({tried}) has it" if tried else \
                 "add a remote that still has it (`vrl remote add`) and retry"
             raise PrunedError(f"snapshot {oid[:12]} was pruned by retention (its commit, "
@@ -466,7 +520,8 @@ class Repo(Maintenance, WorkspaceMixin):
 
         names = list(remotes(self))
         for name in names:
-            missing = [e.id for e in manifest.tensors.values() if not self.objects.has(e.id)]
+            missing = [e.id for e in manifest.data_entries().values()
+                       if not self.objects.has(e.id)]
             try:
                 store = open_named(self, name)
                 try:
@@ -475,7 +530,7 @@ class Repo(Maintenance, WorkspaceMixin):
                     store.close()
             except VrlError:
                 continue
-            if all(self.objects.has(e.id) for e in manifest.tensors.values()):
+            if all(self.objects.has(e.id) for e in manifest.data_entries().values()):
                 return True
         return ", ".join(names)
 
@@ -589,7 +644,7 @@ class Repo(Maintenance, WorkspaceMixin):
         if new.stats.get("layers") is not None and new.stats.get("parent") == old_id:
             return DiffResult.from_json(new.stats).with_threshold(threshold)
         old_manifest = self.read_manifest(self.read_commit(old_id).manifest) if old_id else None
-        return compare(old_manifest, self.read_manifest(new.manifest), self.load_entry,
+        return compare(old_manifest, self.read_manifest(new.manifest), self.read_tensor,
                        threshold=threshold)
 
     # ------------------------------------------------------------------ branches and tags

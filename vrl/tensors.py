@@ -1,6 +1,10 @@
 """Turning checkpoints (modules, state dicts, optimizer states, nested dicts) into named
-tensors plus a JSON skeleton, and back, bit-exactly. This is the only core module that
-imports torch.
+tensors plus a JSON skeleton, and back, bit-exactly.
+
+torch is imported only where torch tensors are involved: a checkpoint read from a
+safetensors file holds RawTensors (raw bytes, vrl.safetensors_file) and never needs it.
+Where torch (or numpy) is not imported yet, no value can be a torch tensor (or an ndarray),
+so flatten() does not import them to find out.
 
 Skeleton encoding (JSON objects appear only as tags, so user data cannot be confused
 with them): dict -> {"$d": [[key, value], ...]} (keys str or int, order kept);
@@ -13,15 +17,33 @@ from __future__ import annotations
 
 import base64
 import math
+import sys
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from vrl.errors import CheckpointError
+from vrl.safetensors_file import RawTensor
+
+if TYPE_CHECKING:
+    import torch
 
 SEP = "/"
+# torch dtype names (str(dtype) without "torch.") and the aliases getattr(torch, ...) knows
+TORCH_DTYPES = frozenset(
+    "bfloat16 bits16 bits1x8 bits2x4 bits4x2 bits8 bool complex128 complex32 complex64 "
+    "float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 "
+    "float8_e5m2fnuz float8_e8m0fnu int1 int16 int2 int3 int32 int4 int5 int6 int64 int7 "
+    "int8 qint32 qint8 quint2x4 quint4x2 quint8 uint1 uint16 uint2 uint3 uint32 uint4 uint5 "
+    "uint6 uint64 uint7 uint8 float double half cfloat cdouble chalf short int long".split())
+
+
+class DtypeName(str):
+    """A torch.dtype inside a checkpoint read without torch (kept by name)."""
+
+
+def _torch() -> Any:
+    """The torch module if something already imported it (else no torch tensor exists)."""
+    return sys.modules.get("torch")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -29,6 +51,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise CheckpointError(f"unknown tensor dtype {name!r} in manifest")
@@ -36,8 +60,14 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def to_state(obj: Any) -> Any:
-    """Accept an nn.Module or optimizer as its state_dict; anything else as it is."""
-    if isinstance(obj, torch.nn.Module) or isinstance(obj, torch.optim.Optimizer):
+    """Accept an nn.Module or optimizer as its state_dict, a read safetensors file as its
+    checkpoint; anything else as it is."""
+    from vrl.safetensors_file import SafetensorsFile
+
+    if isinstance(obj, SafetensorsFile):
+        return obj.state()
+    torch = _torch()
+    if torch is not None and isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
         return obj.state_dict()
     return obj
 
@@ -50,6 +80,8 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     tensors: dict[str, Any] = {}
     ties: dict[str, str] = {}
     seen: dict[tuple, str] = {}
+    torch = _torch()
+    np = sys.modules.get("numpy")
 
     def name_for(path: list[str]) -> str:
         name = SEP.join(path) or "tensor"
@@ -60,7 +92,17 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
         return name
 
     def enc(value: Any, path: list[str]) -> Any:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, RawTensor):
+            name = name_for(path)
+            tensors[name] = value
+            if value.nbytes:  # one object under several names: tied, as torch storages
+                key = ("raw", id(value))
+                if key in seen:
+                    ties[name] = seen[key]
+                else:
+                    seen[key] = name
+            return {"$t": name}
+        if torch is not None and isinstance(value, torch.Tensor):
             if value.layout != torch.strided or value.is_quantized:
                 raise CheckpointError(f"tensor {SEP.join(path)!r} is sparse or quantized; "
                                       "convert it to a dense tensor first")
@@ -74,7 +116,7 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
                 else:
                     seen[key] = name
             return {"$t": name}
-        if isinstance(value, np.ndarray):
+        if np is not None and isinstance(value, np.ndarray):
             if value.dtype.hasobject:
                 raise CheckpointError(f"array {SEP.join(path)!r} holds Python objects")
             name = name_for(path)
@@ -88,6 +130,8 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
                                           "is not a string or integer")
                 items.append([k, enc(v, [*path, str(k)])])
             return {"$d": items}
+        if isinstance(value, DtypeName):
+            return {"$dt": str(value)}
         if isinstance(value, tuple):
             return {"$tu": [enc(v, [*path, str(i)]) for i, v in enumerate(value)]}
         if isinstance(value, list):
@@ -98,9 +142,9 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             return value
         if isinstance(value, bytes):
             return {"$b": base64.b64encode(value).decode()}
-        if isinstance(value, torch.dtype):
+        if torch is not None and isinstance(value, torch.dtype):
             return {"$dt": _dtype_name(value)}
-        if isinstance(value, (np.integer, np.floating, np.bool_)):
+        if np is not None and isinstance(value, (np.integer, np.floating, np.bool_)):
             return enc(value.item(), path)
         raise CheckpointError(f"value at {SEP.join(path) or 'top level'!r} has type "
                               f"{type(value).__name__}, which a checkpoint cannot hold "
@@ -110,8 +154,11 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     return tensors, tree, ties
 
 
-def unflatten(tree: Any, tensors: Mapping[str, Any]) -> Any:
-    """Rebuild the checkpoint from its skeleton and {name: tensor}."""
+def unflatten(tree: Any, tensors: Mapping[str, Any], raw: bool = False) -> Any:
+    """Rebuild the checkpoint from its skeleton and {name: tensor}.
+
+    raw=True keeps torch out: dtypes in the tree come back as DtypeName.
+    """
 
     def dec(node: Any) -> Any:
         if isinstance(node, list):
@@ -129,7 +176,11 @@ def unflatten(tree: Any, tensors: Mapping[str, Any]) -> Any:
             if tag == "$b":
                 return base64.b64decode(value)
             if tag == "$dt":
-                return torch_dtype(value)
+                if not raw:
+                    return torch_dtype(value)
+                if value not in TORCH_DTYPES:
+                    raise CheckpointError(f"unknown tensor dtype {value!r} in manifest")
+                return DtypeName(value)
             raise CheckpointError(f"unknown tag {tag!r} in manifest tree")
         return node
 
@@ -138,12 +189,18 @@ def unflatten(tree: Any, tensors: Mapping[str, Any]) -> Any:
 
 def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     """(raw little-endian bytes, dtype name, shape, keep-alive) of a tensor or array."""
+    if isinstance(value, RawTensor):
+        return value.data, value.dtype, value.shape, value
+    import numpy as np
+
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         return memoryview(arr.reshape(-1).view(np.uint8)), f"numpy:{arr.dtype.str}", \
             tuple(arr.shape), arr
+    import torch
+
     t = value.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -156,12 +213,16 @@ def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int
     """A tensor (or ndarray) viewing `buf` (any writable or read-only buffer) from `offset`."""
     nbytes = len(memoryview(buf).cast("B")) - offset
     if dtype.startswith("numpy:"):
+        import numpy as np
+
         return np.frombuffer(buf, dtype=np.dtype(dtype[6:]), offset=offset,
                              count=nbytes // np.dtype(dtype[6:]).itemsize).reshape(shape)
+    import torch
+
     tdtype = torch_dtype(dtype)
     if nbytes == 0:
         return torch.empty(shape, dtype=tdtype)
-    if isinstance(buf, bytes):  # read-only: copy so the tensor may be written in place
+    if memoryview(buf).readonly:  # copy, so that the tensor may be written in place
         buf = bytearray(memoryview(buf)[offset:])
         offset = 0
     raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
@@ -175,6 +236,8 @@ def probe(value: Any) -> bytes:
     committed; writes through `.data` bypass the version counter, and the probe catches
     those that touch any sampled element (full re-hash: `commit(..., rehash=True)`).
     """
+    import torch
+
     flat = value.detach().reshape(-1)
     n = flat.numel()
     step = max(1, n // 1024)

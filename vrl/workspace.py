@@ -1,6 +1,13 @@
 """Checkpoint files: reading what a user hands to `vrl commit`, writing what checkout and
 export produce, and the workspace checkpoint (Git's working tree for policies). Nothing is
-ever unpickled: `.pt` files load with weights_only=True."""
+ever unpickled: `.pt` files load with weights_only=True.
+
+Safetensors files never need torch: they are parsed and memory-mapped by
+vrl.safetensors_file, hashed and compared as raw bytes, and written back byte for byte.
+A snapshot committed from a safetensors file is written back as that very file (its
+manifest keeps the file's header when the canonical layout would not reproduce it); any
+other snapshot is written in the canonical layout, with its structure in `vrl.*` metadata.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +16,19 @@ import json
 import os
 import pickle
 import secrets
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vrl.diff import DiffResult, compare
-from vrl.errors import CheckpointError, StorageError, VrlError, WorkspaceError
+from vrl.errors import CheckpointError, CorruptObjectError, StorageError, VrlError, WorkspaceError
 from vrl.object_store import discard, storage_error
 from vrl.objects import Manifest, ObjectId, TensorEntry, is_object_id
+from vrl.safetensors_file import write_stream
 
 if TYPE_CHECKING:
     from vrl.repo import Repo
+    from vrl.safetensors_file import SafetensorsFile
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -34,14 +44,57 @@ def _kind(path: Path) -> str:
                           "use .safetensors, .pt or .pth")
 
 
-def read_checkpoint(path: str | Path) -> Any:
-    """Load a checkpoint file into a (nested) state tree of CPU tensors."""
+def open_checkpoint(path: str | Path) -> SafetensorsFile | Any:
+    """What `vrl commit` snapshots: a safetensors file opened without torch (hashed from its
+    memory map, its header kept for exact round trips), or a `.pt` file's state tree."""
+    from vrl.safetensors_file import read_file
+
     path = Path(path)
     kind = _kind(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     if kind == "safetensors":
-        return _read_safetensors(path)
+        return read_file(path)
+    return _read_torch(path)
+
+
+def read_checkpoint(path: str | Path) -> Any:
+    """Load a checkpoint file into a (nested) state tree of CPU tensors."""
+    from vrl.safetensors_file import SafetensorsFile
+
+    opened = open_checkpoint(path)
+    if isinstance(opened, SafetensorsFile):
+        return to_torch(opened.state())
+    return opened
+
+
+def to_torch(tree: Any) -> Any:
+    """A state tree read without torch, with torch tensors (memory-mapped, copy-on-write)
+    in place of raw ones; tied tensors stay one tensor."""
+    from vrl.safetensors_file import RawTensor
+    from vrl.tensors import DtypeName, tensor_from_buffer, torch_dtype
+
+    done: dict[int, Any] = {}
+
+    def conv(node: Any) -> Any:
+        if isinstance(node, RawTensor):
+            if id(node) not in done:
+                done[id(node)] = tensor_from_buffer(node.data, node.dtype, node.shape)
+            return done[id(node)]
+        if isinstance(node, DtypeName):
+            return torch_dtype(node)
+        if isinstance(node, dict):
+            return {k: conv(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [conv(v) for v in node]
+        if isinstance(node, tuple):
+            return tuple(conv(v) for v in node)
+        return node
+
+    return conv(tree)
+
+
+def _read_torch(path: Path) -> Any:
     import torch
 
     try:
@@ -64,44 +117,27 @@ def _first_line(exc: BaseException) -> str:
     return lines[0][:120] if lines else type(exc).__name__
 
 
-def _read_safetensors(path: Path) -> Any:
-    from safetensors import SafetensorError, safe_open
+def canonical_header(tree: Any, entries: Mapping[str, TensorEntry]) -> tuple[bytes, list[str]]:
+    """The header vrl writes for a snapshot without a kept file header (and the tensor
+    names in data order): the safetensors library's layout, plus the snapshot's structure
+    in `vrl.*` metadata so that reading the file back gives the same checkpoint."""
+    from vrl.safetensors_file import code_of, header_bytes
 
-    from vrl.tensors import unflatten
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or not a "
-                              f"checkpoint?): {_first_line(exc)}") from exc
-    if "vrl.tree" not in meta:
-        return dict(tensors)
-    try:
-        for name, target in json.loads(meta.get("vrl.ties", "{}")).items():
-            tensors[name] = tensors[target]
-        for name in json.loads(meta.get("vrl.numpy", "[]")):
-            tensors[name] = tensors[name].numpy()
-        return unflatten(json.loads(meta["vrl.tree"]), tensors)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: its vrl metadata is damaged ({exc}); re-export it") \
-            from exc
+    ties = {n: e.tie for n, e in sorted(entries.items()) if e.tie is not None}
+    stored = [(n, e) for n, e in entries.items() if e.tie is None]
+    meta = {"vrl.tree": json.dumps(tree, separators=(",", ":")),
+            "vrl.ties": json.dumps(ties),
+            "vrl.numpy": json.dumps(sorted(n for n, e in stored if e.dtype.startswith("numpy:"))),
+            "format": "pt"}
+    return header_bytes([(n, code_of(e.dtype), e.shape, e.nbytes) for n, e in stored], meta)
 
 
-def write_checkpoint(tree: Any, path: str | Path) -> None:
-    """Write a state tree atomically: `.safetensors` (with the tree as metadata) or `.pt`."""
-    path = Path(path)
-    kind = _kind(path)
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write `path` through a temp file renamed into place: never half-written."""
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "safetensors":
-            _write_safetensors(tree, tmp)
-        else:
-            import torch
-
-            torch.save(_numpy_to_torch(tree), tmp)
+        write(tmp)
         os.replace(tmp, path)
     except OSError as exc:
         discard(tmp)
@@ -130,6 +166,21 @@ def _writer_error(exc: Exception, path: Path) -> VrlError:
     return StorageError(f"could not write {path}: {_first_line(exc)}")
 
 
+def write_checkpoint(tree: Any, path: str | Path) -> None:
+    """Write a state tree atomically: `.safetensors` (with the tree as metadata) or `.pt`."""
+    path = Path(path)
+    if _kind(path) == "safetensors":
+        _atomic_write(path, lambda tmp: _write_safetensors(tree, tmp))
+    else:
+        _atomic_write(path, lambda tmp: _save_torch(tree, tmp))
+
+
+def _save_torch(tree: Any, path: Path) -> None:
+    import torch
+
+    torch.save(_numpy_to_torch(to_torch(tree)), path)
+
+
 def _numpy_to_torch(tree: Any) -> Any:
     import numpy as np
     import torch
@@ -145,33 +196,30 @@ def _numpy_to_torch(tree: Any) -> Any:
     return tree
 
 
-def _write_safetensors(tree: Any, path: Path) -> None:
-    import numpy as np
-    import torch
-    from safetensors.torch import save_file
+def _checked(chunks: Iterable[memoryview | bytes]) -> Iterable[memoryview | bytes]:
+    """Chunks whose mismatches (found while writing) are a damaged store, not bad input."""
+    try:
+        yield from chunks
+    except ValueError as exc:
+        raise CorruptObjectError(f"the file header stored with this snapshot does not match "
+                                 f"its tensors ({exc}); run `vrl fsck`") from exc
 
-    from vrl.tensors import flatten
+
+def _write_safetensors(tree: Any, path: Path) -> None:
+    from vrl.tensors import flatten, tensor_bytes
 
     tensors, skeleton, ties = flatten(tree)
-    out: dict[str, torch.Tensor] = {}
-    numpy_names = []
-    storages: set[int] = set()
+    entries: dict[str, TensorEntry] = {}
+    data: dict[str, Any] = {}
     for name, value in tensors.items():
         if name in ties:
+            entries[name] = TensorEntry(ObjectId(""), "", (), 0, tie=ties[name])
             continue
-        if isinstance(value, np.ndarray):
-            numpy_names.append(name)
-            value = torch.from_numpy(np.ascontiguousarray(value))
-        value = value.detach().to("cpu").contiguous()
-        ptr = value.untyped_storage().data_ptr()
-        if value.numel() and ptr in storages:  # safetensors refuses overlapping views
-            value = value.clone()
-        storages.add(ptr)
-        out[name] = value
-    meta = {"vrl.tree": json.dumps(skeleton, separators=(",", ":")),
-            "vrl.ties": json.dumps(ties), "vrl.numpy": json.dumps(numpy_names),
-            "format": "pt"}
-    save_file(out, str(path), metadata=meta)
+        buf, dtype, shape, keep = tensor_bytes(value)
+        data[name] = (buf, keep)
+        entries[name] = TensorEntry(ObjectId(""), dtype, shape, buf.nbytes)
+    head, order = canonical_header(skeleton, entries)
+    write_stream(path, head, (data[name][0] for name in order))
 
 
 class WorkspaceMixin:
@@ -197,7 +245,7 @@ class WorkspaceMixin:
         cached = self._index_lookup(path)
         if cached and self.objects.has(cached):
             return cached, self.read_manifest(cached)
-        mid, manifest, _ = self.snapshot(read_checkpoint(path), write=False)
+        mid, manifest, _ = self.snapshot(open_checkpoint(path), write=False)
         return mid, manifest
 
     def _index_lookup(self: Repo, path: Path) -> ObjectId | None:
@@ -239,16 +287,16 @@ class WorkspaceMixin:
         return "modified", diff
 
     def _diff_workspace(self: Repo, old: Manifest, new: Manifest) -> DiffResult:
-        from vrl.tensors import flatten
+        from vrl.tensors import flatten, to_state
 
         state: dict[str, Any] | None = None
 
         def load(entry: TensorEntry) -> Any:
             nonlocal state
             if self.objects.has(entry.id):
-                return self.load_entry(entry)
+                return self.read_tensor(entry)
             if state is None:
-                state = flatten(read_checkpoint(self.workspace_path))[0]
+                state = flatten(to_state(open_checkpoint(self.workspace_path)))[0]
             name = next(n for n, e in new.tensors.items() if e.id == entry.id)
             return state[name]
 
@@ -257,9 +305,50 @@ class WorkspaceMixin:
     def write_workspace(self: Repo, oid: ObjectId, path: Path | None = None) -> Path:
         path = path or self.workspace_path
         commit = self.read_commit(oid)
-        write_checkpoint(self.load(oid), path)
+        self.export(oid, path)
         self.record_workspace(path, commit.manifest)
         return path
+
+    def export(self: Repo, oid: ObjectId, path: str | Path) -> None:
+        """Write snapshot `oid` to a checkpoint file, atomically.
+
+        `.safetensors`: without torch; a snapshot committed from a safetensors file gives
+        back that file byte for byte, any other the canonical layout with `vrl.*` metadata.
+        `.pt`/`.pth`: torch.save of the loaded snapshot.
+        """
+        path = Path(path)
+        if _kind(path) != "safetensors":
+            write_checkpoint(self.load(oid), path)
+            return
+        manifest = self.read_manifest(self.read_commit(oid).manifest)
+        self.require_data(oid, manifest)
+        head, chunks = self._safetensors_parts(manifest)
+        _atomic_write(path, lambda tmp: write_stream(tmp, head, chunks))
+
+    def _safetensors_parts(self: Repo, manifest: Manifest
+                           ) -> tuple[bytes | memoryview, Iterable[memoryview | bytes]]:
+        from vrl.safetensors_file import reproduce
+
+        if manifest.layout is None:
+            head, order = canonical_header(manifest.tree, manifest.tensors)
+            return head, (self.read_tensor(manifest.tensors[n]).data for n in order)
+        if manifest.layout.format != "safetensors":
+            raise CheckpointError(f"this snapshot was committed from a "
+                                  f"{manifest.layout.format} file; export it to that format")
+        head = self.read_tensor(manifest.layout.header).data
+
+        def data_of(name: str) -> memoryview:
+            entry = manifest.tensors.get(name)
+            if entry is None or entry.tie is not None:
+                raise ValueError(f"the snapshot has no stored tensor {name!r}")
+            return self.read_tensor(entry).data
+
+        try:
+            _, chunks = reproduce(head, data_of)
+        except ValueError as exc:
+            raise CorruptObjectError(f"the file header stored with this snapshot is damaged "
+                                     f"({exc}); run `vrl fsck`") from exc
+        return head, _checked(chunks)
 
     def ensure_clean_workspace(self: Repo) -> None:
         status, _ = self.workspace_status()

@@ -71,14 +71,14 @@ def commit(repo: Repo, file: str | None, message: str | None, hparams_file: str 
            hparam_items: tuple[str, ...], metric_items: tuple[str, ...], step: int | None,
            allow_empty: bool, no_env: bool, as_json: bool) -> None:
     """Snapshot a checkpoint FILE (default: the workspace checkpoint)."""
-    from vrl.workspace import read_checkpoint
+    from vrl.workspace import open_checkpoint
 
     path = Path(file) if file else repo.workspace_path
     if not path.exists():
         hint = "" if file else " (the workspace checkpoint; pass a FILE or set core.workspace)"
         raise CheckpointError(f"{path}: no such checkpoint file{hint}")
     hparams = {**_load_hparams(hparams_file), **parse_assignments(hparam_items, "--set")}
-    oid = repo.commit(read_checkpoint(path), message=message or f"commit {path.name}",
+    oid = repo.commit(open_checkpoint(path), message=message or f"commit {path.name}",
                       hparams=hparams, metrics=parse_assignments(metric_items, "--metric"),
                       step=step, env=not no_env, allow_empty=allow_empty)
     c = repo.read_commit(oid)
@@ -133,12 +133,13 @@ def checkout(repo: Repo, rev: str | None, new_branch: str | None, force: bool,
 @click.argument("file", type=click.Path(dir_okay=False))
 @pass_repo
 def export(repo: Repo, rev: str, file: str) -> None:
-    """Write snapshot REV to FILE (.safetensors, or .pt/.pth) without moving HEAD."""
-    from vrl.workspace import write_checkpoint
+    """Write snapshot REV to FILE (.safetensors, or .pt/.pth) without moving HEAD.
 
+    A snapshot committed from a .safetensors file is written back byte for byte.
+    """
     oid = repo.resolve(rev)
     manifest = repo.read_manifest(repo.read_commit(oid).manifest)
-    write_checkpoint(repo.load(oid), file)
+    repo.export(oid, file)
     click.echo(f"Exported {short(oid)} to {file} ({len(manifest.tensors)} tensors, "
                f"{human_bytes(manifest.nbytes)})")
 

@@ -303,11 +303,11 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
     known: set[ObjectId] = set()
     for c in boundary:
         if repo.objects.has(c):
-            known |= {e.id for e in _manifest(repo, c).tensors.values()}
+            known |= {e.id for e in _manifest(repo, c).data_entries().values()}
     manifests = list(dict.fromkeys(repo.read_commit(c).manifest for c in commits))
     tensors: list[ObjectId] = []
     for m in manifests:
-        for entry in repo.read_manifest(m).tensors.values():
+        for entry in repo.read_manifest(m).data_entries().values():
             if entry.id not in known:
                 known.add(entry.id)
                 tensors.append(entry.id)
@@ -396,7 +396,7 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
             mid = Commit.from_bytes(raw[HEADER_SIZE:]).manifest
             manifest = Manifest.from_bytes(manifests[mid][HEADER_SIZE:]) if mid in manifests \
                 else repo.read_manifest(mid)
-            for entry in manifest.tensors.values():
+            for entry in manifest.data_entries().values():
                 if entry.id not in tensor_ids and not repo.objects.has(entry.id):
                     tensor_ids[entry.id] = entry.nbytes + HEADER_SIZE
         fetch_objects(repo, store, list(tensor_ids), jobs=jobs, progress=progress,

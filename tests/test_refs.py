@@ -5,6 +5,7 @@ once, and fsck lists every problem."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -417,7 +418,7 @@ def test_fsck_checks_manifest_consistency(tmp_path):
 
 
 def test_reset_hard_and_checkout_when_the_writer_fails(tmp_path, capsys, monkeypatch):
-    """Without a tmpfs: the checkpoint writer fails as safetensors does on a full disk."""
+    """Without a tmpfs: the checkpoint writer fails as on a full disk."""
     from vrl import workspace
 
     path = tmp_path / "repo"
@@ -426,12 +427,11 @@ def test_reset_hard_and_checkout_when_the_writer_fails(tmp_path, capsys, monkeyp
     before = refs_and_logs(path)
     written = (path / "policy.safetensors").read_bytes()
 
-    def full(tree, file):
+    def full(file, *args):
         Path(file).write_bytes(b"partial")
-        raise RuntimeError("Error while serializing: I/O error: No space left on device "
-                           "(os error 28)")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(workspace, "_write_safetensors", full)
+    monkeypatch.setattr(workspace, "write_stream", full)
     for argv in (["reset", "--hard", "HEAD~1"], ["checkout", ids[0]],
                  ["checkout", "-b", "new", ids[0]], ["export", "HEAD", "x.safetensors"]):
         code, _, err = vrl(path, capsys, *argv)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,21 +42,49 @@ def read_checkpoint(path: str | Path) -> Any:
         raise CheckpointError(f"{path}: no such checkpoint file")
     if kind == "safetensors":
         return _read_safetensors(path)
+    _check_torch_format(path)
+    import warnings
+
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's advice is about unpickling: not ours
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        detail = str(exc).strip().splitlines() or [type(exc).__name__]
-        reason = next((line for line in detail if "Unsupported global" in line), detail[0])
+        # torch's message advises weights_only=False ("will likely succeed"): never relay
+        # that, say which Python object the file needs instead
+        blocked = _BLOCKED.search(str(exc))
+        what = f"the Python object {blocked[1]}" if blocked else "arbitrary Python objects"
         raise CheckpointError(
-            f"{path}: refused, it needs pickle to rebuild arbitrary Python objects "
-            f"({reason.strip()}); vrl never unpickles untrusted data, so save a state dict "
-            "of tensors (torch.save(model.state_dict(), ...)) or a .safetensors file"
-        ) from exc
+            f"{path}: refused, it needs pickle to rebuild {what}; vrl never unpickles "
+            "untrusted data, so save a state dict of tensors "
+            "(torch.save(model.state_dict(), ...)) or a .safetensors file"
+        ) from None
     except Exception as exc:  # any failure to parse untrusted bytes means "not readable"
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (truncated or not "
                               f"a checkpoint?): {_first_line(exc)}") from exc
+
+
+# "Unsupported global: GLOBAL pkg.Class", "unrecognized function pkg.func", ...
+_BLOCKED = re.compile(r"(?:GLOBAL|global|function|class)\s+([A-Za-z_][\w.]*\.[\w]+)")
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
+_PICKLE_MAGIC = b"\x80"  # the legacy format starts with a pickle (protocol 2 or later)
+
+
+def _check_torch_format(path: Path) -> None:
+    """Refuse a file that is not in either of torch.save's formats before torch reads it
+    (torch would blame whatever it is on pickle)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    if not (magic.startswith(_ZIP_MAGIC) or magic.startswith(_PICKLE_MAGIC)):
+        what = "an empty file" if not magic else "neither a zip archive nor a pickle"
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint ({what}, as torch.save "
+                              "writes); give a .pt/.pth saved by torch.save or a "
+                              ".safetensors file")
 
 
 def _first_line(exc: BaseException) -> str:

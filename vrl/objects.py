@@ -257,18 +257,18 @@ def _commit_problem(fields: dict[str, Any], strict_ids: bool) -> str | None:
 
     is_id = is_object_id if strict_ids else (lambda v: isinstance(v, str))
     if not is_id(fields.get("manifest")):
-        return f"manifest is not an object id ({kind(fields.get('manifest'))})"
+        return f"manifest must be an object id, not {kind(fields.get('manifest'))}"
     parents = fields.get("parents")
     if not isinstance(parents, (list, tuple)) or not all(is_id(p) for p in parents):
-        return "parents is not a list of object ids"
+        return "parents must be a list of object ids"
     for name in ("message", "author", "time"):
         if not isinstance(fields.get(name), str):
-            return f"{name} is a {kind(fields.get(name))}, not a string"
+            return f"{name} must be a string, not {kind(fields.get(name))}"
     step = fields.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        return f"step is a {kind(step)}, not an integer"
+        return f"step must be an integer or null, not {kind(step)}"
     for name in _DICT_FIELDS:
         value = fields.get(name, {})
         if not isinstance(value, dict):
-            return f"{name} is a {kind(value)}, not a mapping"
+            return f"{name} must be a mapping, not {kind(value)}"
     return None

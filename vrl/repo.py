@@ -140,7 +140,11 @@ class Repo(Maintenance, WorkspaceMixin):
             kind, payload = self._read(oid)
             if kind != "commit":
                 raise RevisionError(f"{oid[:12]} is a {kind}, not a commit")
-            self._commits[oid] = Commit.from_bytes(payload)
+            try:
+                self._commits[oid] = Commit.from_bytes(payload)
+            except CorruptObjectError as exc:
+                raise CorruptObjectError(f"commit {oid[:12]}: {exc} (run `vrl fsck`)") \
+                    from None
         return self._commits[oid]
 
     def read_manifest(self, oid: ObjectId) -> Manifest:

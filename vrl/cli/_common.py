@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from vrl.errors import MetadataError
 from vrl.repo import Repo
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -81,8 +82,8 @@ def parse_metrics(items: Sequence[str], what: str = "--metric") -> dict[str, flo
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise click.BadParameter(f"metric {name!r} must be a number (int, float, nan or "
-                                     f"inf), got {value!r}", param_hint=what)
+            raise MetadataError(f"{what} {name}: a metric must be a number (int, float, nan "
+                                f"or inf), not {value!r}")
         out[name] = value
     return out
 

@@ -20,6 +20,7 @@ from vrl.cli._common import (
 )
 from vrl.diff import human_bytes
 from vrl.errors import CheckpointError, VrlError
+from vrl.objects import check_depth
 from vrl.repo import Repo
 
 
@@ -58,6 +59,7 @@ def _load_hparams(path: str | None) -> dict[str, Any]:
         raise VrlError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     if not isinstance(data, dict):
         raise VrlError(f"{path}: hyperparameters must be a mapping of names to values")
+    check_depth(data, path)
     return data
 
 

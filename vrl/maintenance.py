@@ -77,6 +77,9 @@ class Maintenance:
                 lines = sorted(current | set(newly))
                 self.objects.write_raw(self._pruned_path(), ["\n".join(lines).encode() + b"\n"],
                                        "the pruned list")
+                # durable before gc may delete what it releases (a power cut must not
+                # keep the deletions and lose the list)
+                self.objects.sync()
         return newly
 
     def reachable(self: Repo, include_reflog: bool = True) -> set[ObjectId]:

@@ -391,6 +391,9 @@ class Repo(Maintenance, WorkspaceMixin):
         threshold = self.threshold if threshold is None else threshold
         env_info = env if isinstance(env, dict) else (envinfo.capture(self.workdir) if env
                                                      else {})
+        # the tensors and the manifest are durable before a commit object names them, so
+        # a power cut never leaves a commit whose snapshot is missing
+        self.objects.sync()
         attempt = 0
         while True:
             parent = self.refs.read(ref)

@@ -33,7 +33,7 @@ from vrl.errors import (
     WorkspaceError,
 )
 from vrl.maintenance import Maintenance
-from vrl.object_store import FileObjectStore, storage_error
+from vrl.object_store import FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
@@ -128,8 +128,17 @@ class Repo(Maintenance, WorkspaceMixin):
             if workspace:
                 config.set("core", "workspace", workspace)
             config.save()
-            (vrl_dir / "HEAD.tmp").write_text(f"ref: refs/heads/{branch}\n")
+            with open(vrl_dir / "HEAD.tmp", "w") as f:
+                f.write(f"ref: refs/heads/{branch}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            # every directory entry durable before HEAD, and HEAD's before the repository's:
+            # a power cut never leaves a repository that opens but lost its commits' refs
+            for sub in ("refs", "."):
+                _fsync_dir(vrl_dir / sub)
             os.replace(vrl_dir / "HEAD.tmp", vrl_dir / "HEAD")  # HEAD last: marks it complete
+            _fsync_dir(vrl_dir)
+            _fsync_dir(root)
         except OSError as exc:
             raise storage_error(exc, root, "creating the repository") from exc
         return cls(root)

@@ -437,6 +437,7 @@ class Repo(Maintenance, WorkspaceMixin):
                     raise
             attempt += 1
             _backoff(attempt)
+
     @property
     def threshold(self) -> float:
         return self.config.getfloat("diff", "threshold")

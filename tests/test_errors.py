@@ -248,3 +248,22 @@ def test_nan_metric_round_trips_through_log_json(cli_repo, capsys):
     assert code == 0
     value = json.loads(out)[0]["metrics"]["loss"]
     assert value == "nan" or math.isnan(value)
+
+
+def test_deeply_nested_checkpoint_is_refused_and_moderate_nesting_round_trips(tmp_path):
+    from vrl.errors import MetadataError
+
+    repo = Repo.init(tmp_path / "r")
+    state: object = {"w": torch.arange(3.0)}
+    for _ in range(60):
+        state = {"k": state}
+    cid = repo.commit(state, env=False)
+    got = repo.load(cid)
+    for _ in range(60):
+        got = got["k"]
+    assert torch.equal(got["w"], torch.arange(3.0))
+    for _ in range(400):
+        state = {"k": state}
+    with pytest.raises(MetadataError, match="nests too deeply"):
+        repo.commit(state, env=False)
+    assert repo.head() == cid

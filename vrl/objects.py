@@ -27,6 +27,7 @@ FORMAT = 1
 # Metadata (commit fields, manifest trees) nests at most this deep: deeper JSON would hit
 # Python's recursion limit in the parser or in the code that walks it.
 MAX_DEPTH = 100
+MAX_TREE_DEPTH = 3 * MAX_DEPTH  # a manifest's tree spends about 3 JSON levels per level
 
 
 def header(kind: str, size: int) -> bytes:
@@ -72,8 +73,9 @@ def is_object_id(text: str) -> bool:
 # ---------------------------------------------------------------------------- canonical JSON
 
 
-def json_depth(value: Any) -> int:
-    """How deeply lists and dicts nest in `value` (0 for a scalar), without recursion."""
+def json_depth(value: Any, stop: int = MAX_TREE_DEPTH) -> int:
+    """How deeply lists and dicts nest in `value` (0 for a scalar), without recursion;
+    counting stops a level past `stop`."""
     deepest = 0
     stack = [(value, 1)]
     while stack:
@@ -82,14 +84,14 @@ def json_depth(value: Any) -> int:
             item = list(item.values())
         if isinstance(item, (list, tuple)):
             deepest = max(deepest, depth)
-            if depth <= MAX_DEPTH:  # enough to know it is too deep
+            if depth <= stop:  # enough to know it is too deep
                 stack.extend((v, depth + 1) for v in item)
     return deepest
 
 
-def check_depth(value: Any, what: str) -> None:
-    if json_depth(value) > MAX_DEPTH:
-        raise MetadataError(f"{what} nests deeper than {MAX_DEPTH} levels; flatten it "
+def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
+    if json_depth(value) > limit:
+        raise MetadataError(f"{what} nests deeper than {limit} levels; flatten it "
                             "(e.g. dotted keys)")
 
 
@@ -117,15 +119,15 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def load_json(payload: bytes, what: str) -> Any:
+def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
     try:
         data = json.loads(payload)
     except RecursionError:
-        raise CorruptObjectError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
+        raise CorruptObjectError(f"{what} nests deeper than {limit} levels") from None
     except ValueError as exc:
         raise CorruptObjectError(f"{what} is not valid JSON") from exc
-    if json_depth(data) > MAX_DEPTH:
-        raise CorruptObjectError(f"{what} nests deeper than {MAX_DEPTH} levels")
+    if json_depth(data) > limit:
+        raise CorruptObjectError(f"{what} nests deeper than {limit} levels")
     return data
 
 
@@ -164,6 +166,10 @@ class Manifest:
     tree: Any  # JSON skeleton; see vrl.tensors for the encoding
 
     def to_bytes(self) -> bytes:
+        if json_depth(self.tree) > MAX_TREE_DEPTH - 2:  # room for {"tree": ...}
+            raise MetadataError(f"the checkpoint nests too deeply to store (about "
+                                f"{MAX_TREE_DEPTH // 3} levels of dicts and lists at most); "
+                                "flatten it")
         return canonical_json({
             "format": FORMAT,
             "tensors": {k: v.to_json() for k, v in self.tensors.items()},
@@ -172,7 +178,7 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Manifest:
-        data = load_json(payload, "manifest")
+        data = load_json(payload, "manifest", MAX_TREE_DEPTH)
         try:
             tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
             return cls(tensors, data["tree"])

@@ -16,8 +16,8 @@ from vrl.errors import RefConflictError
 from vrl.objects import is_object_id
 
 TIMEOUT = 60.0
-WRITERS = 4
-COMMITS = 6
+WRITERS = 8  # issue 9 item 9: eight concurrent committers to one branch all land
+COMMITS = 4
 
 
 def pool_tensor(k: int) -> torch.Tensor:
@@ -78,8 +78,8 @@ def writer(path: str, w: int, barrier, conn) -> None:
         try:
             cid = repo.commit(make_state(w, i), message=f"w{w} c{i}", env=False, step=i)
             conn.send(("ok", w, i, cid))
-        except RefConflictError as exc:  # allowed: a clear conflict, nothing lost
-            conn.send(("conflict", w, i, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - reported, and failed, in the parent
+            conn.send(("error", w, i, f"{type(exc).__name__}: {exc}"))
     conn.close()
 
 
@@ -168,10 +168,10 @@ def test_concurrent_commits_to_one_branch(tmp_path, ctx, with_gc):
         assert passes > 0
 
     ok = {cid: (w, i) for status, w, i, cid in results if status == "ok"}
-    conflicts = [r for r in results if r[0] == "conflict"]
+    failed = [r for r in results if r[0] != "ok"]
     assert len(results) == WRITERS * COMMITS
-    assert len(ok) + len(conflicts) == WRITERS * COMMITS
-    assert len(ok) >= WRITERS * COMMITS // 2, conflicts  # retries make conflicts rare
+    assert not failed, failed  # every commit lands: losers re-parent while others progress
+    assert len(ok) == WRITERS * COMMITS
 
     repo = Repo(path, verify=True)
     history = repo.log("main")

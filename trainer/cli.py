@@ -14,7 +14,9 @@ import yaml
 def _load_algo_from_yaml(path: str | None) -> str | None:
     if path is None:
         return None
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    from trainer.config import load_yaml
+
+    data = load_yaml(path) or {}
     return data.get("algo") if isinstance(data, dict) else None
 
 

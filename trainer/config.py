@@ -2,7 +2,8 @@
 
 Each field's docstring is the documentation (CleanRL style). ``load_config``
 merges, in order: the dataclass defaults, a YAML file, then ``--set key=value``
-overrides. Values are parsed as YAML scalars and checked against the field's type.
+overrides. Values are parsed as YAML 1.2 values (``3e-4`` is a float, unlike PyYAML's
+YAML 1.1) and checked against the field's type.
 Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment factory.
 """
 
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from vrl import yaml12
 
 
 class ConfigError(ValueError):
@@ -192,17 +195,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: {exc}") from None
-    # YAML 1.1 reads "1e-3" as a string; accept it as a float
-    if isinstance(value, str):
-        try:
-            value = float(value) if any(c in value for c in ".eE") else value
-        except ValueError:
-            pass
+    try:  # YAML 1.2: 1e-3 is a float (PyYAML's YAML 1.1 reads it as a string)
+        value = yaml12.load(raw) if raw.strip() else ""
+    except (yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(f"override {text!r}: {str(exc).splitlines()[0]}") from None
     return key.strip(), value
+
+
+def load_yaml(path: str | Path) -> Any:
+    try:
+        return yaml12.load(Path(path).read_text())
+    except (yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def load_config(
@@ -213,7 +219,7 @@ def load_config(
     the YAML file at ``path``, then ``key=value`` overrides."""
     values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k != "algo"}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = load_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         loaded.pop("algo", None)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from vrl.errors import VrlError
-from vrl.object_store import discard, storage_error
+from vrl.object_store import _fsync_dir, discard, storage_error
 
 DEFAULTS = {
     "core": {"fsync": "true", "verify": "false", "workspace": "policy.safetensors"},
@@ -61,7 +61,10 @@ class Config:
         try:
             with open(tmp, "w") as f:
                 self.parser.write(f)
+                f.flush()
+                os.fsync(f.fileno())  # a power cut must not leave an empty config
             os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
         except OSError as exc:
             discard(tmp)
             raise storage_error(exc, self.path.parent, "writing the config") from exc

@@ -1,13 +1,14 @@
 """`vrl-demo`: a two-minute tour of the store on a tiny policy (no trainer needed).
 
-Creates ./vrl-demo, trains a small policy a few steps on synthetic data, commits twice,
+Creates ./vrl-demo (or DIR; an existing directory must be empty: nothing is ever deleted),
+trains a small policy a few steps on synthetic data, commits twice with the real losses,
 shows the log and the layer diff, rolls back in one command, and checks the repository.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,8 +24,9 @@ def run(*args: str) -> None:
         raise SystemExit(code)
 
 
-def policy_step(steps: int, seed: int = 0) -> None:
-    """Train a tiny actor-critic MLP for a few steps and save it as the workspace file."""
+def policy_step(steps: int, seed: int = 0) -> float:
+    """Train a tiny actor-critic MLP for a few steps and save it as the workspace file;
+    return the last training loss."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -47,25 +49,40 @@ def policy_step(steps: int, seed: int = 0) -> None:
         opt.step()
     save_file(model.state_dict(), str(path))
     click.echo(f"(trained {steps} steps: loss {loss.item():.3f}, saved {path})")
+    return loss.item()
+
+
+def prepare(directory: str) -> Path:
+    """The demo's directory: created, or an existing empty one. Never deletes anything."""
+    root = Path(directory).resolve()
+    if root.exists() and not root.is_dir():
+        raise click.ClickException(f"{root} exists and is not a directory; choose another "
+                                   "DIRECTORY")
+    if root.is_dir() and any(root.iterdir()):
+        raise click.ClickException(f"{root} is not empty; the demo runs only in a new or "
+                                   "empty directory (it never deletes files): choose another "
+                                   "DIRECTORY or empty this one")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.ClickException(f"cannot create {root}: {exc.strerror or exc}") from exc
+    return root
 
 
 @click.command()
 @click.argument("directory", default="vrl-demo")
 def main(directory: str) -> None:
-    """Run the store demo in DIRECTORY (recreated)."""
-    root = Path(directory).resolve()
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    import os
-
+    """Run the store demo in DIRECTORY (created; an existing one must be empty)."""
+    root = prepare(directory)
     os.chdir(root)
     run("init")
-    policy_step(20)
-    run("commit", "-m", "policy after 20 steps", "--step", "20", "--set", "lr=0.003")
-    policy_step(200)
+    loss = policy_step(20)
+    run("commit", "-m", "policy after 20 steps", "--step", "20", "--set", "lr=0.003",
+        "--metric", f"loss={loss!r}")
+    loss = policy_step(200)
     run("status")
-    run("commit", "-m", "policy after 220 steps", "--step", "220", "--metric", "loss=0.1")
+    run("commit", "-m", "policy after 220 steps", "--step", "220", "--metric",
+        f"loss={loss!r}")
     run("log", "--oneline")
     run("diff", "HEAD~1", "HEAD")
     run("tag", "v1", "HEAD~1")

@@ -17,19 +17,38 @@ from typing import Any
 _KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "ASCEND_", "HCCL_", "NCCL_", "OMP_", "MKL_", "PYTORCH_",
                   "TORCH_", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                   "MASTER_PORT", "DEVICE_ID", "PYTHONHASHSEED", "CUBLAS_")
-_SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSW|PWD|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|"
-                     r"SIGNATURE|CERT|SAS|CONN", re.IGNORECASE)
+# A name is credential-like if it contains one of these (any case, anywhere: AWS_SECRET_...,
+# my_token, DB_PASSWORD, TORCH_HUB_TOKEN) ...
+_SECRET = re.compile(r"KEY|SECRET|TOKEN|PASS|PWD|CRED|AUTH|SESSION|COOKIE|PRIVATE|SIGNATURE|"
+                     r"CERT|CONN|BEARER|JWT|OAUTH|SALT|DSN|WEBHOOK", re.IGNORECASE)
+# ... or one of these short words as a whole component (GITHUB_PAT, NCCL_PW, AZURE_SAS, but
+# not PATH or COMPATIBILITY)
+_SECRET_WORDS = {"pat", "pw", "sas", "sig", "api", "otp", "pin", "hmac", "totp"}
+# A value is credential-like if it holds a URL with a password, a private key, or a token in
+# a well-known format (AWS access key ids, GitHub, GitLab, Slack, Hugging Face, JWTs).
+_SECRET_VALUE = re.compile(
+    r"://[^/\s:@]*:[^\s@]*@|-----BEGIN|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bgh[pousr]_\w{20,}|"
+    r"github_pat_\w{20,}|\bglpat-[\w-]{20,}|\bxox[abposr]-[\w-]{10,}|\bhf_\w{20,}|"
+    r"\beyJ[\w-]{10,}\.eyJ[\w-]{10,}")
 
 
 def is_secret_name(name: str) -> bool:
-    return bool(_SECRET.search(name))
+    """Whether an environment variable's name suggests it holds a credential."""
+    words = re.split(r"[^0-9a-z]+", name.lower())
+    return bool(_SECRET.search(name)) or any(w in _SECRET_WORDS for w in words)
+
+
+def is_secret_value(value: str) -> bool:
+    """Whether a value looks like a credential whatever its variable is called."""
+    return bool(_SECRET_VALUE.search(value))
 
 
 def safe_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Training-relevant environment variables, with anything credential-like removed."""
     environ = dict(os.environ) if environ is None else environ
     return {k: v for k, v in sorted(environ.items())
-            if k.startswith(_KEEP_PREFIXES) and not is_secret_name(k)}
+            if k.startswith(_KEEP_PREFIXES) and not is_secret_name(k)
+            and not is_secret_value(v)}
 
 
 @lru_cache(maxsize=1)

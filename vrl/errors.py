@@ -34,6 +34,10 @@ class CorruptObjectError(VrlError):
     """An object's bytes do not hash to its id, or cannot be parsed."""
 
 
+class MetadataError(VrlError, TypeError):
+    """Commit metadata of the wrong type or shape (e.g. nested too deeply)."""
+
+
 class CheckpointError(VrlError, ValueError):
     """A file or object is not a checkpoint vrl can store (or would need unpickling)."""
 

@@ -89,6 +89,9 @@ class Maintenance:
         self.objects.write_raw(self._pruned_path(),
                                ["\n".join(lines).encode() + b"\n" if lines else b""],
                                "the pruned list")
+        # durable before gc may delete what it releases (a power cut must not keep the
+        # deletions and lose the list)
+        self.objects.sync()
 
     def first_parent_chain(self: Repo, oid: ObjectId | None) -> list[ObjectId]:
         chain = []

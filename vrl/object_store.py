@@ -193,6 +193,8 @@ class FileObjectStore(ObjectStore):
                 fd = os.open(tmp, flags, 0o444)
             except FileNotFoundError:  # first object in this fan-out directory
                 os.makedirs(folder, exist_ok=True)
+                # the new directory's own entry must be durable too (sync() fsyncs it)
+                self._dirty_dirs.add(os.path.dirname(folder))
                 fd = os.open(tmp, flags, 0o444)
             try:
                 for chunk in chunks:

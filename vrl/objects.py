@@ -16,7 +16,7 @@ from typing import Any, NewType
 
 import blake3
 
-from vrl.errors import CorruptObjectError
+from vrl.errors import CorruptObjectError, MetadataError
 
 ObjectId = NewType("ObjectId", str)
 
@@ -24,6 +24,10 @@ KINDS = ("tensor", "manifest", "commit")
 HEADER_SIZE = 64
 ID_HEX_LEN = 64
 FORMAT = 1
+# Metadata (commit fields, manifest trees) nests at most this deep: deeper JSON would hit
+# Python's recursion limit in the parser or in the code that walks it.
+MAX_DEPTH = 100
+MAX_TREE_DEPTH = 3 * MAX_DEPTH  # a manifest's tree spends about 3 JSON levels per level
 
 
 def header(kind: str, size: int) -> bytes:
@@ -69,6 +73,28 @@ def is_object_id(text: str) -> bool:
 # ---------------------------------------------------------------------------- canonical JSON
 
 
+def json_depth(value: Any, stop: int = MAX_TREE_DEPTH) -> int:
+    """How deeply lists and dicts nest in `value` (0 for a scalar), without recursion;
+    counting stops a level past `stop`."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, (list, tuple)):
+            deepest = max(deepest, depth)
+            if depth <= stop:  # enough to know it is too deep
+                stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
+    if json_depth(value) > limit:
+        raise MetadataError(f"{what} nests deeper than {limit} levels; flatten it "
+                            "(e.g. dotted keys)")
+
+
 def _clean(value: Any) -> Any:
     """Make metadata JSON-safe and deterministic: non-finite floats become strings."""
     if isinstance(value, float):
@@ -93,11 +119,16 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def load_json(payload: bytes, what: str) -> Any:
+def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
     try:
-        return json.loads(payload)
+        data = json.loads(payload)
+    except RecursionError:
+        raise CorruptObjectError(f"{what} nests deeper than {limit} levels") from None
     except ValueError as exc:
         raise CorruptObjectError(f"{what} is not valid JSON") from exc
+    if json_depth(data) > limit:
+        raise CorruptObjectError(f"{what} nests deeper than {limit} levels")
+    return data
 
 
 # ---------------------------------------------------------------------------- manifest
@@ -156,6 +187,10 @@ class Manifest:
     layout: FileLayout | None = None  # absent for snapshots committed from memory
 
     def to_bytes(self) -> bytes:
+        if json_depth(self.tree) > MAX_TREE_DEPTH - 2:  # room for {"tree": ...}
+            raise MetadataError(f"the checkpoint nests too deeply to store (about "
+                                f"{MAX_TREE_DEPTH // 3} levels of dicts and lists at most); "
+                                "flatten it")
         data = {
             "format": FORMAT,
             "tensors": {k: v.to_json() for k, v in self.tensors.items()},
@@ -167,7 +202,7 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Manifest:
-        data = load_json(payload, "manifest")
+        data = load_json(payload, "manifest", MAX_TREE_DEPTH)
         try:
             tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
             layout = FileLayout.from_json(data["layout"]) if "layout" in data else None
@@ -207,7 +242,14 @@ class Commit:
     stats: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. frozen layers, pruning
 
+    def __post_init__(self) -> None:
+        problem = _commit_problem(self.__dict__, strict_ids=False)
+        if problem:
+            raise MetadataError(f"invalid commit: {problem}")
+
     def to_json(self) -> dict[str, Any]:
+        for name in _DICT_FIELDS:
+            check_depth(getattr(self, name), f"commit {name}")
         return {
             "format": FORMAT, "manifest": self.manifest, "parents": list(self.parents),
             "message": self.message, "author": self.author, "time": self.time,
@@ -222,14 +264,49 @@ class Commit:
     @classmethod
     def from_bytes(cls, payload: bytes) -> Commit:
         data = load_json(payload, "commit")
-        try:
-            return cls(
-                manifest=ObjectId(data["manifest"]),
-                parents=tuple(ObjectId(p) for p in data["parents"]),
-                message=data["message"], author=data["author"], time=data["time"],
-                hparams=data.get("hparams", {}), metrics=data.get("metrics", {}),
-                env=data.get("env", {}), step=data.get("step"), stats=data.get("stats", {}),
-                meta=data.get("meta", {}),
-            )
-        except (KeyError, TypeError) as exc:
-            raise CorruptObjectError(f"commit is missing field {exc}") from exc
+        if not isinstance(data, dict):
+            raise CorruptObjectError("commit is not a JSON object")
+        missing = [k for k in ("manifest", "parents", "message", "author", "time")
+                   if k not in data]
+        if missing:
+            raise CorruptObjectError(f"commit is missing field {missing[0]!r}")
+        # a hand-made or remote commit may hold anything: check every field's type here,
+        # so that log/show/diff can rely on them
+        problem = _commit_problem(data, strict_ids=True)
+        if problem:
+            raise CorruptObjectError(f"commit is malformed: {problem}")
+        return cls(
+            manifest=ObjectId(data["manifest"]),
+            parents=tuple(ObjectId(p) for p in data["parents"]),
+            message=data["message"], author=data["author"], time=data["time"],
+            hparams=data.get("hparams", {}), metrics=data.get("metrics", {}),
+            env=data.get("env", {}), step=data.get("step"), stats=data.get("stats", {}),
+            meta=data.get("meta", {}),
+        )
+
+
+_DICT_FIELDS = ("hparams", "metrics", "env", "stats", "meta")
+
+
+def _commit_problem(fields: dict[str, Any], strict_ids: bool) -> str | None:
+    """What is wrong with the types of a commit's fields (None if nothing)."""
+    def kind(value: Any) -> str:
+        return "null" if value is None else type(value).__name__
+
+    is_id = is_object_id if strict_ids else (lambda v: isinstance(v, str))
+    if not is_id(fields.get("manifest")):
+        return f"manifest must be an object id, not {kind(fields.get('manifest'))}"
+    parents = fields.get("parents")
+    if not isinstance(parents, (list, tuple)) or not all(is_id(p) for p in parents):
+        return "parents must be a list of object ids"
+    for name in ("message", "author", "time"):
+        if not isinstance(fields.get(name), str):
+            return f"{name} must be a string, not {kind(fields.get(name))}"
+    step = fields.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        return f"step must be an integer or null, not {kind(step)}"
+    for name in _DICT_FIELDS:
+        value = fields.get(name, {})
+        if not isinstance(value, dict):
+            return f"{name} must be a mapping, not {kind(value)}"
+    return None

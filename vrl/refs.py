@@ -27,7 +27,7 @@ from vrl.errors import (
     StorageError,
     VrlError,
 )
-from vrl.object_store import discard, storage_error
+from vrl.object_store import _fsync_dir, discard, storage_error
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
@@ -242,7 +242,7 @@ class RefStore:
         delay = 0.001
         self._check_clash(name)
         try:
-            lock.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(lock.parent)
         except OSError as exc:
             raise storage_error(exc, self.root, f"locking {name}") from exc
         while True:
@@ -337,10 +337,22 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
+    def _make_dirs(self, folder: Path) -> None:
+        """Create `folder` and its missing parents; with fsync, each new directory's entry
+        in its parent is made durable (or a power cut can lose the directory)."""
+        missing = []
+        while not folder.is_dir():
+            missing.append(folder)
+            folder = folder.parent
+        for new in reversed(missing):
+            new.mkdir(exist_ok=True)
+            if self.fsync:
+                _fsync_dir(new.parent)
+
     def _write_file(self, path: Path, text: str) -> None:
         tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(6)}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(path.parent)
             with open(tmp, "w") as f:
                 f.write(text)
                 if self.fsync:
@@ -434,13 +446,18 @@ class RefStore:
         line = (f"{old or ZERO} {new or ZERO} {utc_now()} {self.who}\t"
                 f"{reason.splitlines()[0] if reason else ''}\n").encode()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(path.parent)
+            created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 written = os.write(fd, line)
                 end = os.fstat(fd).st_size
+                if self.fsync:  # durable before the ref moves (the ref is written next)
+                    os.fsync(fd)
             finally:
                 os.close(fd)
+            if created and self.fsync:
+                _fsync_dir(path.parent)
             if written != len(line):  # a full disk can write part of the line
                 self._undo_log(path, end, written)
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -10,8 +10,10 @@ import getpass
 import heapq
 import mmap
 import os
+import random
 import re
 import sys
+import time as _time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from vrl.config import Config
 from vrl.diff import DiffResult, compare
 from vrl.errors import (
     CorruptObjectError,
+    MetadataError,
     NotARepositoryError,
     ObjectNotFoundError,
     PrunedError,
@@ -31,7 +34,7 @@ from vrl.errors import (
     WorkspaceError,
 )
 from vrl.maintenance import Maintenance
-from vrl.object_store import FileObjectStore, storage_error
+from vrl.object_store import FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
@@ -39,6 +42,7 @@ from vrl.objects import (
     Manifest,
     ObjectId,
     TensorEntry,
+    check_depth,
     hash_object,
     is_object_id,
 )
@@ -50,7 +54,7 @@ VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
 PROBE_MIN = 1 << 16  # smaller tensors are simply re-hashed
 RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics
-COMMIT_RETRIES = 8
+COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attempts
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
 _REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
 
@@ -128,8 +132,17 @@ class Repo(Maintenance, WorkspaceMixin):
             if workspace:
                 config.set("core", "workspace", workspace)
             config.save()
-            (vrl_dir / "HEAD.tmp").write_text(f"ref: refs/heads/{branch}\n")
+            with open(vrl_dir / "HEAD.tmp", "w") as f:
+                f.write(f"ref: refs/heads/{branch}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            # every directory entry durable before HEAD, and HEAD's before the repository's:
+            # a power cut never leaves a repository that opens but lost its commits' refs
+            for sub in ("refs", "."):
+                _fsync_dir(vrl_dir / sub)
             os.replace(vrl_dir / "HEAD.tmp", vrl_dir / "HEAD")  # HEAD last: marks it complete
+            _fsync_dir(vrl_dir)
+            _fsync_dir(root)
         except OSError as exc:
             raise storage_error(exc, root, "creating the repository") from exc
         return cls(root)
@@ -140,7 +153,11 @@ class Repo(Maintenance, WorkspaceMixin):
             kind, payload = self._read(oid)
             if kind != "commit":
                 raise RevisionError(f"{oid[:12]} is a {kind}, not a commit")
-            self._commits[oid] = Commit.from_bytes(payload)
+            try:
+                self._commits[oid] = Commit.from_bytes(payload)
+            except CorruptObjectError as exc:
+                raise CorruptObjectError(f"commit {oid[:12]}: {exc} (run `vrl fsck`)") \
+                    from None
         return self._commits[oid]
 
     def read_manifest(self, oid: ObjectId) -> Manifest:
@@ -446,13 +463,26 @@ class Repo(Maintenance, WorkspaceMixin):
         from vrl import envinfo
         from vrl.tensors import to_state
 
+        # metadata problems are found before anything is written
+        if not isinstance(message, str):
+            raise MetadataError(f"commit message must be a string, not "
+                                f"{type(message).__name__}")
+        for name, value in (("hparams", hparams), ("metrics", metrics), ("meta", meta)):
+            if value is not None and not isinstance(value, dict):
+                raise MetadataError(f"{name} must be a dict of names to values, not "
+                                    f"{type(value).__name__}")
+            check_depth(value, name)
         if optimizer is not None:
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
         mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
         threshold = self.threshold if threshold is None else threshold
         env_info = env if isinstance(env, dict) else (envinfo.capture(self.workdir) if env
                                                      else {})
-        for _ in range(COMMIT_RETRIES):
+        # the tensors and the manifest are durable before a commit object names them, so
+        # a power cut never leaves a commit whose snapshot is missing
+        self.objects.sync()
+        attempt = 0
+        while True:
             parent = self.refs.read(ref)
             if parent and not allow_empty and self.read_commit(parent).manifest == mid:
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
@@ -476,9 +506,15 @@ class Repo(Maintenance, WorkspaceMixin):
                                  reason=f"commit: {message.splitlines()[0] if message else ''}")
                 return cid
             except RefConflictError:
-                continue
-        raise RefConflictError(f"{short_ref(ref)} kept moving while committing (other "
-                               "processes are committing to it); retry")
+                # Lost the compare-and-swap: another commit landed on the ref, which is
+                # progress, so re-parent onto it and try again (as long as others make
+                # progress, someone wins every round; the jittered backoff spreads the
+                # losers out so no one is starved). A conflict without any move of the
+                # ref (a lock held for a long time, a name clash) is not ours to retry.
+                if self.refs.read(ref) == parent:
+                    raise
+            attempt += 1
+            _backoff(attempt)
 
     @property
     def threshold(self) -> float:
@@ -642,7 +678,12 @@ class Repo(Maintenance, WorkspaceMixin):
             old_id, new_id = self.resolve(a), self.resolve(b)
             new = self.read_commit(new_id)
         if new.stats.get("layers") is not None and new.stats.get("parent") == old_id:
-            return DiffResult.from_json(new.stats).with_threshold(threshold)
+            try:
+                result = DiffResult.from_json(new.stats).with_threshold(threshold)
+                result.summary()
+                return result
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass  # statistics of a hand-made or foreign commit: recompute them
         old_manifest = self.read_manifest(self.read_commit(old_id).manifest) if old_id else None
         return compare(old_manifest, self.read_manifest(new.manifest), self.read_tensor,
                        threshold=threshold)
@@ -710,6 +751,10 @@ class Repo(Maintenance, WorkspaceMixin):
         # a damaged file holds no value to compare with: it is removed as it is
         self.refs.update(ref, None, expected=ANY if damaged else old, reason=reason)
         return old
+
+def _backoff(attempt: int) -> None:
+    """Sleep a random time up to an exponentially growing, capped bound ("full jitter")."""
+    _time.sleep(random.uniform(0, min(COMMIT_BACKOFF_MAX, 0.002 * 2 ** min(attempt, 16))))
 
 
 def _neg_time(time: str) -> str:

@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import pickle
+import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -95,21 +96,79 @@ def to_torch(tree: Any) -> Any:
 
 
 def _read_torch(path: Path) -> Any:
+    _check_torch_format(path)
+    import warnings
+
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's advice is about unpickling: not ours
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        detail = str(exc).strip().splitlines() or [type(exc).__name__]
-        reason = next((line for line in detail if "Unsupported global" in line), detail[0])
+        # torch's message advises weights_only=False ("will likely succeed"): never relay
+        # that, say which Python object the file needs instead
+        blocked = _BLOCKED.search(str(exc))
+        names = [blocked[1]] if blocked else _pickled_globals(path)
+        what = f"the Python object {', '.join(names)}" if names else \
+            "arbitrary Python objects"
         raise CheckpointError(
-            f"{path}: refused, it needs pickle to rebuild arbitrary Python objects "
-            f"({reason.strip()}); vrl never unpickles untrusted data, so save a state dict "
-            "of tensors (torch.save(model.state_dict(), ...)) or a .safetensors file"
-        ) from exc
+            f"{path}: refused, it needs pickle to rebuild {what}; vrl never unpickles "
+            "untrusted data, so save a state dict of tensors "
+            "(torch.save(model.state_dict(), ...)) or a .safetensors file"
+        ) from None
     except Exception as exc:  # any failure to parse untrusted bytes means "not readable"
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint (truncated or not "
                               f"a checkpoint?): {_first_line(exc)}") from exc
+
+
+# "Unsupported global: GLOBAL pkg.Class", "unrecognized function pkg.func", ...
+_BLOCKED = re.compile(r"(?:GLOBAL|global|function|class)\s+([A-Za-z_][\w.]*\.[\w]+)")
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
+_PICKLE_MAGIC = b"\x80"  # the legacy format starts with a pickle (protocol 2 or later)
+
+
+def _pickled_globals(path: Path, limit: int = 3) -> list[str]:
+    """The classes and functions a (non-zip) pickle file names, found by reading its
+    opcodes without running them, leaving out what torch's safe loader allows anyway."""
+    import pickletools
+
+    found: list[str] = []
+    strings: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            for op, arg, _ in pickletools.genops(f):
+                if op.name == "GLOBAL":
+                    name = str(arg).replace(" ", ".")
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    name = f"{strings[-2]}.{strings[-1]}"
+                else:
+                    if isinstance(arg, str):
+                        strings.append(arg)
+                    continue
+                if not name.startswith(("torch.", "collections.OrderedDict")) and \
+                        name not in found:
+                    found.append(name)
+                if len(found) >= limit:
+                    break
+    except Exception:  # noqa: BLE001 - malformed bytes: report what was found so far
+        pass
+    return found
+
+
+def _check_torch_format(path: Path) -> None:
+    """Refuse a file that is not in either of torch.save's formats before torch reads it
+    (torch would blame whatever it is on pickle)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    if not (magic.startswith(_ZIP_MAGIC) or magic.startswith(_PICKLE_MAGIC)):
+        what = "it is empty" if not magic else "it is neither the zip archive nor the " \
+            "pickle that torch.save writes"
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint ({what}); give a .pt/.pth "
+                              "saved by torch.save or a .safetensors file")
 
 
 def _first_line(exc: BaseException) -> str:

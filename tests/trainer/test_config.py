@@ -74,3 +74,24 @@ def test_ppo_has_no_gspo_fields():
     with pytest.raises(ConfigError):
         load_config("ppo", None, ["shaper=true"])
     assert PPOConfig().clip_coef == 0.2
+
+
+def test_config_file_and_overrides_read_numbers_as_yaml_1_2(tmp_path):
+    """PyYAML (YAML 1.1) reads 3e-4 as a string; the trainer's YAML is 1.2."""
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rate: 3e-4\nent_coef: 1E-2\nenv:\n  mode: off\n  level: 010\n")
+    cfg = load_config("ppo", path, ["vf_coef=5e-1", "env.tag=yes", "max_grad_norm=1e0"])
+    assert cfg.learning_rate == 3e-4 and cfg.ent_coef == 1e-2
+    assert cfg.vf_coef == 0.5 and cfg.max_grad_norm == 1.0
+    # YAML 1.1 booleans and octals are plain strings and decimals in 1.2
+    assert cfg.env == {"mode": "off", "level": 10, "tag": "yes"}
+    assert parse_override("x=relu") == ("x", "relu")  # words with an "e" stay words
+    assert parse_override("x='1e-3'") == ("x", "1e-3")  # quoted: a string
+
+
+@pytest.mark.parametrize("text", ["learning_rate: [unclosed\n", "a: " + "[" * 5000 + "\n"])
+def test_broken_config_file_is_a_config_error(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="c.yaml"):
+        load_config("ppo", path)

@@ -173,12 +173,70 @@ def test_gspo_with_mechanisms_off_is_exactly_ppo():
         assert torch.equal(a, b)
 
 
+def _spy_shaper(t, log):
+    """Record, per shaping step, how many gradient entries changed; check they only shrank."""
+    real = t.algo.shaper.shape
+
+    def shape():
+        params = [p for p in t.agent.parameters() if p.grad is not None]
+        before = [p.grad.clone() for p in params]
+        stats = real()
+        for p, g in zip(params, before, strict=True):
+            assert (p.grad.abs() <= g.abs() * (1 + 1e-6)).all()  # damping never amplifies
+        log.append(sum(int((p.grad != g).sum()) for p, g in zip(params, before, strict=True)))
+        return stats
+
+    t.algo.shaper.shape = shape
+
+
+def _spy_radius(t, log):
+    """Record, per step and layer, (update norm before projection, after, radius)."""
+    radius = t.algo.radius
+    real = radius.project
+
+    def project(before):
+        layers = radius._layers()
+
+        def norms():
+            return {n: float(radius._norm([p.detach() - o for p, o in
+                                           zip(layers[n], before[n], strict=True)]))
+                    for n in before}
+
+        pre = norms()
+        out = real(before)
+        post = norms()
+        log.append({n: (pre[n], post[n], radius.last_radii[n]) for n in before})
+        return out
+
+    radius.project = project
+
+
+def _spy_replay(t, log):
+    """Record, per update epoch, the drawn indices and the sampling probabilities."""
+    real = t.algo.minibatches
+
+    def minibatches(batch_size, progress):
+        probs = t.algo.sampler.probabilities().clone()
+        drawn = []
+        for idx, weights in real(batch_size, progress):
+            drawn.append(idx)
+            yield idx, weights
+        log.append((torch.cat(drawn), probs))
+
+    t.algo.minibatches = minibatches
+
+
 @pytest.mark.parametrize("mechanism,key", [("shaper", "gspo/mean_damping"),
                                            ("radius", "gspo/radius_clipped_fraction"),
                                            ("replay", "gspo/replay_beta")])
 def test_each_mechanism_alone(mechanism, key):
+    """Each mechanism, switched on alone, reports its metric and really acts: the shaper
+    damps gradients, the radius bounds each layer's step by its own radius, replay draws
+    minibatches by priority."""
     flags = {m: m == mechanism for m in ("shaper", "radius", "replay")}
     t = warehouse_trainer(GSPOConfig(**SMALL, hessian_interval=2, **flags))
+    log: list = []
+    {"shaper": _spy_shaper, "radius": _spy_radius, "replay": _spy_replay}[mechanism](t, log)
     m = t.train()
     assert key in m
     others = {"shaper": "gspo/mean_damping", "radius": "gspo/radius_clipped_fraction",
@@ -188,6 +246,30 @@ def test_each_mechanism_alone(mechanism, key):
         assert m["gspo/epsilon"] == pytest.approx(0.2 * 0.995 ** 2)  # used by update 3
     else:
         assert m["gspo/epsilon"] == 0.2
+
+    if mechanism == "shaper":
+        # once curvature is known (after the first Hessian step) gradients are damped
+        assert log[0] == 0 and all(n > 0 for n in log[2:]), log
+        assert 0 < m["gspo/mean_damping"] < 1
+    elif mechanism == "radius":
+        assert log
+        clipped = 0
+        for step in log:
+            for layer, (pre, post, rho) in step.items():
+                assert post <= rho * (1 + 1e-5), (layer, post, rho)
+                clipped += pre > rho * (1 + 1e-5)
+            radii = [rho for _, _, rho in step.values()]
+            assert max(radii) > 10 * min(radii)  # a radius per layer, not one for all
+        assert clipped > 0  # some layer wanted a bigger step and was pulled back
+    else:
+        uniques = [idx.unique().numel() / probs.numel() for idx, probs in log]
+        assert max(uniques) < 0.9  # drawn with replacement: not PPO's permutation
+        skewed = [(idx, probs) for idx, probs in log if probs.max() > 1.5 * probs.mean()]
+        assert skewed  # priorities moved away from uniform
+        # high-priority samples are drawn more often: the mean probability of the drawn
+        # samples exceeds the 1/N of uniform draws
+        lift = sum(float(probs[idx].mean() * probs.numel()) for idx, probs in skewed)
+        assert lift / len(skewed) > 1.05, lift / len(skewed)
 
 
 def test_frozen_layers_get_no_hessian_work():

@@ -133,10 +133,33 @@ def test_frozen_layers_do_not_change():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
 def test_mixed_precision_runs(precision, config_cls):
+    """The networks really run in the lower precision (autocast), the weights stay fp32
+    and learn, and fp16 goes through the gradient scaler."""
     cfg = config_cls(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * 2, hidden_sizes=[16],
                      num_minibatches=4, update_epochs=2)
     env = WarehouseEnv(2, num_agents=4, max_steps=24, layout_kwargs=dict(blocks_x=2, blocks_y=2))
     t = Trainer(env, cfg, precision=precision)
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    seen: dict[str, set] = {"train": set(), "eval": set()}
+
+    def record(module, inputs, output):
+        seen["train" if torch.is_grad_enabled() else "eval"].add(output.dtype)
+
+    handles = [m.register_forward_hook(record) for m in t.agent.modules()
+               if isinstance(m, torch.nn.Linear)]
+    before = {k: v.detach().clone() for k, v in t.agent.named_parameters()}
+    scaled = []
+    if t.algo.scaler is not None:
+        real_scale = t.algo.scaler.scale
+        t.algo.scaler.scale = lambda loss: scaled.append(loss.detach()) or real_scale(loss)
     m = t.train()
+    for h in handles:
+        h.remove()
+    # every Linear ran in the low precision, in the rollout and in the update
+    assert seen["train"] == {low} and seen["eval"] == {low}, seen
+    assert all(p.dtype == torch.float32 for p in t.agent.parameters())  # fp32 master weights
+    assert any(not torch.equal(p, before[k]) for k, p in t.agent.named_parameters())
     assert torch.isfinite(torch.tensor(m["losses/value_loss"]))
     assert ("precision/loss_scale" in m) == (precision == "fp16")
+    if precision == "fp16":
+        assert scaled and m["precision/loss_scale"] > 1  # the loss really was scaled

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from vrl.errors import MetadataError
 from vrl.repo import Repo
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -59,18 +60,31 @@ def fmt_num(value: Any) -> str:
 
 
 def parse_assignments(items: Sequence[str], what: str) -> dict[str, Any]:
-    """`key=value` pairs; values parsed as YAML scalars (numbers, booleans, strings)."""
-    import yaml
+    """`key=value` pairs; values parsed as YAML 1.2 values (3e-4 is a float), else strings."""
+    from vrl.yaml12 import parse_scalar
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not key=value", param_hint=what)
-        try:
-            out[key] = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            out[key] = value
+        out[key] = parse_scalar(value)
+    return out
+
+
+def parse_metrics(items: Sequence[str], what: str = "--metric") -> dict[str, float | int]:
+    """`name=number` pairs: ints, floats (3e-4, 1_000.5), and nan / inf / -inf."""
+    out: dict[str, float | int] = {}
+    for name, value in parse_assignments(items, what).items():
+        if isinstance(value, str):
+            try:  # Python's float() also reads nan, inf, -inf, Infinity
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise MetadataError(f"{what} {name}: a metric must be a number (int, float, nan "
+                                f"or inf), not {value!r}")
+        out[name] = value
     return out
 
 

@@ -13,12 +13,14 @@ from vrl.cli._common import (
     first_line,
     json_option,
     parse_assignments,
+    parse_metrics,
     pass_repo,
     render_diff,
     short,
 )
 from vrl.diff import human_bytes
 from vrl.errors import CheckpointError, VrlError
+from vrl.objects import check_depth
 from vrl.repo import Repo
 
 
@@ -42,14 +44,22 @@ def _load_hparams(path: str | None) -> dict[str, Any]:
 
     import yaml
 
-    text = Path(path).read_text()
+    from vrl.yaml12 import load
+
+    is_json = path.endswith(".json")
     try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise VrlError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'} "
-                       f"({str(exc).splitlines()[0]})") from exc
+        text = Path(path).read_text()
+        data = json.loads(text) if is_json else load(text)
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:
+        detail = "it nests too deeply" if isinstance(exc, RecursionError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise VrlError(f"{path}: not valid {'JSON' if is_json else 'YAML'} ({detail})") \
+            from exc
+    except OSError as exc:
+        raise VrlError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     if not isinstance(data, dict):
         raise VrlError(f"{path}: hyperparameters must be a mapping of names to values")
+    check_depth(data, path)
     return data
 
 
@@ -79,7 +89,7 @@ def commit(repo: Repo, file: str | None, message: str | None, hparams_file: str 
         raise CheckpointError(f"{path}: no such checkpoint file{hint}")
     hparams = {**_load_hparams(hparams_file), **parse_assignments(hparam_items, "--set")}
     oid = repo.commit(open_checkpoint(path), message=message or f"commit {path.name}",
-                      hparams=hparams, metrics=parse_assignments(metric_items, "--metric"),
+                      hparams=hparams, metrics=parse_metrics(metric_items),
                       step=step, env=not no_env, allow_empty=allow_empty)
     c = repo.read_commit(oid)
     if path.resolve() == repo.workspace_path.resolve():
@@ -162,7 +172,9 @@ def status(repo: Repo, show_all: bool, as_json: bool) -> None:
         click.echo("No commits yet")
     name = repo.workspace_path.name
     messages = {"clean": f"{name}: no changes since HEAD",
-                "missing": f"{name}: not present (vrl checkout HEAD writes it)",
+                # `checkout HEAD` would detach HEAD; checking out the branch itself does not
+                "missing": f"{name}: not present" + (
+                    f" (`vrl checkout {branch or short(head)}` writes it)" if head else ""),
                 "untracked": f"{name}: not committed yet (vrl commit)",
                 "modified": f"{name}: modified since HEAD"}
     click.echo(messages[state])

@@ -1,0 +1,78 @@
+"""The environment context recorded with each commit never holds a credential."""
+
+from __future__ import annotations
+
+import pytest
+
+from vrl import envinfo
+from vrl.objects import canonical_json
+
+SECRET = "s3cr3t-VALUE-0123456789abcdef"
+
+# credential-like names: kept prefixes with a secret inside, lower case, prefixed, suffixed
+SECRET_NAMES = [
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "my_token", "DB_PASSWORD", "GITHUB_PAT",
+    "TORCH_HUB_TOKEN", "CUDA_API_KEY", "NCCL_PASSWORD", "PYTORCH_S3_SECRET", "TORCH_PAT",
+    "torch_token", "NCCL_PW", "OMP_PASSPHRASE", "HCCL_AUTH", "CUDA_CREDENTIALS",
+    "TORCH_PRIVATE_KEY", "MKL_CERT_FILE", "RANK_JWT", "TORCH_DB_PASS", "NVIDIA_API",
+    "CUDA_SAS", "PYTORCH_OAUTH", "CUBLAS_COOKIE", "TORCH_CONNECTION_STRING",
+]
+# training-relevant names that are kept
+KEPT_NAMES = ["CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG", "RANK", "WORLD_SIZE",
+              "PYTORCH_CUDA_ALLOC_CONF", "TORCH_COMPILE_DEBUG", "MASTER_PORT"]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_credential_like_names_are_dropped(name):
+    assert envinfo.is_secret_name(name)
+    assert envinfo.safe_environ({name: SECRET, "OMP_NUM_THREADS": "2"}) == \
+        {"OMP_NUM_THREADS": "2"}
+
+
+@pytest.mark.parametrize("name", KEPT_NAMES + ["PATH_COMPATIBILITY", "CUDA_PATH"])
+def test_ordinary_names_are_not_secret(name):
+    assert not envinfo.is_secret_name(name)
+
+
+def test_training_variables_are_kept_and_others_ignored():
+    env = {n: "1" for n in KEPT_NAMES} | {"HOME": "/root", "USER": "me", "PATH": "/bin"}
+    assert envinfo.safe_environ(env) == {n: "1" for n in sorted(KEPT_NAMES)}
+
+
+@pytest.mark.parametrize("value", [
+    "s3://AKIA:wJal/rXUtnFEMI@bucket/p",         # a URL with a password (with a /)
+    "https://user:hunter2@example.com/x",
+    "AKIAIOSFODNN7EXAMPLE",                      # AWS access key id
+    "ghp_" + "a" * 36, "github_pat_" + "b" * 40,  # GitHub tokens
+    "hf_" + "c" * 34, "glpat-" + "d" * 20, "xoxb-123456789012-abc",
+    "-----BEGIN RSA PRIVATE KEY-----",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig",  # a JWT
+])
+def test_credential_like_values_are_dropped_whatever_the_name(value):
+    assert envinfo.safe_environ({"TORCH_HOME": value, "CUDA_VISIBLE_DEVICES": "0"}) == \
+        {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_ordinary_values_are_kept():
+    env = {"TORCH_HOME": "/data/torch", "NCCL_SOCKET_IFNAME": "eth0",
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "TORCH_HUB_URL": "https://example.com:8080/hub"}
+    assert envinfo.safe_environ(env) == env
+
+
+def test_nothing_credential_like_leaks_into_a_commit(tmp_path, monkeypatch):
+    for i, name in enumerate(SECRET_NAMES):
+        monkeypatch.setenv(name, f"{SECRET}-{i}")
+    monkeypatch.setenv("TORCH_HOME", f"s3://AKIA:{SECRET}/x@bucket")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    from vrl import Repo
+
+    repo = Repo.init(tmp_path / "r")
+    import torch
+
+    cid = repo.commit({"w": torch.ones(2)}, message="m")
+    raw = repo.objects.read(cid)[1]
+    assert SECRET.encode() not in raw
+    env = repo.read_commit(cid).env
+    assert env["env"]["OMP_NUM_THREADS"] == "3"
+    assert SECRET not in canonical_json(env).decode()

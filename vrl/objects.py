@@ -96,11 +96,49 @@ def canonical_json(value: Any) -> bytes:
 def load_json(payload: bytes, what: str) -> Any:
     try:
         return json.loads(payload)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: hostile deep nesting
         raise CorruptObjectError(f"{what} is not valid JSON") from exc
 
 
 # ---------------------------------------------------------------------------- manifest
+
+
+# Bytes per element of every torch dtype name a manifest may hold (no torch import here:
+# metadata commands and fetch validate manifests without it). The packed sub-byte types
+# count their packed element (e.g. float4_e2m1fn_x2 holds two values per byte).
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+}
+MAX_NDIM = 64
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a manifest dtype name; CorruptObjectError if unknown."""
+    if not isinstance(dtype, str):
+        raise CorruptObjectError(f"manifest dtype {dtype!r} is not a string")
+    if dtype.startswith("numpy:"):
+        import numpy as np  # numpy only: no torch, and np.dtype of a string runs no code
+
+        try:
+            np_dtype = np.dtype(dtype[6:])
+        except (TypeError, ValueError):
+            raise CorruptObjectError(f"unknown array dtype {dtype[:40]!r} in manifest") from None
+        if np_dtype.hasobject:
+            raise CorruptObjectError(f"array dtype {dtype[:40]!r} holds Python objects")
+        return np_dtype.itemsize
+    try:
+        return ITEMSIZE[dtype]
+    except KeyError:
+        raise CorruptObjectError(f"unknown tensor dtype {dtype[:40]!r} in manifest") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -123,8 +161,26 @@ class TensorEntry:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorEntry:
-        return cls(ObjectId(data["id"]), data["dtype"], tuple(data["shape"]), data["nbytes"],
-                   data.get("tie"))
+        entry = cls(ObjectId(data["id"]), data["dtype"], tuple(data["shape"]), data["nbytes"],
+                    data.get("tie"))
+        entry.check()
+        return entry
+
+    def check(self) -> None:
+        """`prod(shape) * itemsize == nbytes`, so no reader trusts a size it cannot back
+        (a hostile `shape: [2**28]` on an empty tensor would allocate 1 GiB)."""
+        if not is_object_id(self.id):
+            raise CorruptObjectError("manifest names a tensor whose id is not an object id")
+        if len(self.shape) > MAX_NDIM or not all(_is_int(d) for d in self.shape) or \
+                not _is_int(self.nbytes):
+            raise CorruptObjectError(f"tensor {self.id[:12]} has an invalid shape or size in "
+                                     "its manifest")
+        if math.prod(self.shape) * itemsize(self.dtype) != self.nbytes:
+            raise CorruptObjectError(
+                f"tensor {self.id[:12]} claims shape {list(self.shape)[:8]} of {self.dtype} "
+                f"but {self.nbytes} bytes: the manifest is inconsistent")
+        if self.tie is not None and not isinstance(self.tie, str):
+            raise CorruptObjectError(f"tensor {self.id[:12]} has an invalid tie")
 
 
 @dataclass(frozen=True)
@@ -146,9 +202,16 @@ class Manifest:
         data = load_json(payload, "manifest")
         try:
             tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
-            return cls(tensors, data["tree"])
-        except (KeyError, TypeError) as exc:
+            manifest = cls(tensors, data["tree"])
+        except (KeyError, TypeError, AttributeError) as exc:
             raise CorruptObjectError(f"manifest is missing field {exc}") from exc
+        for name, entry in tensors.items():
+            tied = tensors.get(entry.tie) if entry.tie is not None else None
+            if entry.tie is not None and (tied is None or tied.tie is not None or
+                                          (tied.id, tied.nbytes) != (entry.id, entry.nbytes)):
+                raise CorruptObjectError(f"tensor {name[:80]!r} is tied to a tensor that "
+                                         "does not match it in the manifest")
+        return manifest
 
     @property
     def nbytes(self) -> int:
@@ -191,7 +254,7 @@ class Commit:
     def from_bytes(cls, payload: bytes) -> Commit:
         data = load_json(payload, "commit")
         try:
-            return cls(
+            commit = cls(
                 manifest=ObjectId(data["manifest"]),
                 parents=tuple(ObjectId(p) for p in data["parents"]),
                 message=data["message"], author=data["author"], time=data["time"],
@@ -199,5 +262,8 @@ class Commit:
                 env=data.get("env", {}), step=data.get("step"), stats=data.get("stats", {}),
                 meta=data.get("meta", {}),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise CorruptObjectError(f"commit is missing field {exc}") from exc
+        if not is_object_id(commit.manifest) or not all(is_object_id(p) for p in commit.parents):
+            raise CorruptObjectError("commit names a manifest or parent that is not an object id")
+        return commit

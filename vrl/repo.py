@@ -39,6 +39,7 @@ from vrl.objects import (
     TensorEntry,
     hash_object,
     is_object_id,
+    parse_header,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.workspace import WorkspaceMixin
@@ -171,6 +172,10 @@ class Repo(Maintenance, WorkspaceMixin):
             except ObjectNotFoundError:
                 self._fetch_or_fail([entry])
                 kind, payload = self.objects.read(entry.id)
+            if kind != "tensor" or len(payload) != entry.nbytes:
+                raise CorruptObjectError(f"tensor object {entry.id[:12]} is a {kind} of "
+                                         f"{len(payload)} bytes, not the {entry.nbytes}-byte "
+                                         "tensor its manifest names; run `vrl fsck`")
             return tensor_from_buffer(payload, entry.dtype, entry.shape)
         try:
             fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
@@ -184,6 +189,8 @@ class Repo(Maintenance, WorkspaceMixin):
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
         finally:
             os.close(fd)
+        if parse_header(mapped[:HEADER_SIZE])[0] != "tensor":
+            raise CorruptObjectError(f"object {entry.id[:12]} is not a tensor; run `vrl fsck`")
         if self.objects.verify_reads and hash_object("tensor", memoryview(mapped)[HEADER_SIZE:],
                                                      threads=True) != entry.id:
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
@@ -458,7 +465,11 @@ class Repo(Maintenance, WorkspaceMixin):
                 self._fetch_or_fail(missing)
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
-            tensors[name] = tensors[entry.tie] if entry.tie else self.load_entry(entry)
+            if not entry.tie:
+                tensors[name] = self.load_entry(entry)
+        for name, entry in manifest.tensors.items():  # ties may sort before their target
+            if entry.tie:
+                tensors[name] = tensors[entry.tie]
         return unflatten(manifest.tree, tensors)
 
     def checkout(self, rev: str, model: Any = None, optimizer: Any = None,

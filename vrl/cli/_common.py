@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from functools import wraps
@@ -27,6 +28,21 @@ def pass_repo(func: Callable) -> Callable:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+# C0 controls except tab and newline, DEL, C1 controls (0x9b is a one-byte CSI), and the
+# bidirectional overrides that can make text read differently from what it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: Any, one_line: bool = False) -> str:
+    """Repository data made safe to print: escape sequences and control characters (from
+    commit messages, ref names, authors, remotes...) are shown escaped (`\\x1b`), never
+    sent raw to the terminal. `one_line` also escapes newlines and tabs."""
+    pattern = _UNSAFE_LINE if one_line else _UNSAFE
+    return pattern.sub(lambda m: repr(m[0])[1:-1] if ord(m[0]) < 0x100
+                       else f"\\u{ord(m[0]):04x}", str(text))
 
 
 def short(oid: str | None) -> str:

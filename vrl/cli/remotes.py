@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from vrl.cli._common import echo_json, json_option, parse_assignments, pass_repo, short
+from vrl.cli._common import echo_json, json_option, parse_assignments, pass_repo, safe, short
 from vrl.repo import Repo
 
 jobs_option = click.option("-j", "--jobs", type=click.IntRange(1, 64), default=8,
@@ -67,9 +67,11 @@ def remote() -> None:
               help="Take URL and options from this DVC project's remote (its default, or "
                    "the one named by --dvc-remote).")
 @click.option("--dvc-remote", default=None, help="Which DVC remote to use with --from-dvc.")
+@click.option("--create", is_flag=True,
+              help="Also create an empty vrl remote at URL (push refuses a missing one).")
 @pass_repo
 def remote_add(repo: Repo, name: str, url: str | None, options: tuple[str, ...],
-               from_dvc: bool, dvc_remote: str | None) -> None:
+               from_dvc: bool, dvc_remote: str | None, create: bool) -> None:
     """Add remote NAME at URL."""
     from vrl.remote import add_remote, redact
     from vrl.remote import dvc_remote as read_dvc
@@ -82,8 +84,9 @@ def remote_add(repo: Repo, name: str, url: str | None, options: tuple[str, ...],
         opts = {**dvc_opts, **opts}
     elif not url:
         raise click.UsageError("give the remote's URL (or --from-dvc)")
-    add_remote(repo, name, url, opts)
-    click.echo(f"Added remote {name} -> {redact(url)}")
+    add_remote(repo, name, url, opts, create=create)
+    click.echo(safe(f"Added remote {name} -> {redact(url)}" +
+                    (" (created)" if create else "")))
 
 
 @remote.command("list")
@@ -92,18 +95,21 @@ def remote_add(repo: Repo, name: str, url: str | None, options: tuple[str, ...],
 @pass_repo
 def remote_list(repo: Repo, verbose: bool, as_json: bool) -> None:
     """List remotes."""
-    from vrl.remote import redact, remotes
+    from vrl.remote import remotes
+    from vrl.remote.base import redact_options
 
-    known = remotes(repo)
+    # Redacted even though vrl refuses to store secrets: a config written by hand (or by an
+    # older version) may hold one.
+    known = {name: redact_options(opts) for name, opts in remotes(repo).items()}
     if as_json:
-        echo_json({n: {k: redact(v) for k, v in o.items()} for n, o in known.items()})
+        echo_json(known)
         return
     for name, opts in sorted(known.items()):
-        line = f"{name}\t{redact(opts.get('url', ''))}" if verbose else name
+        line = f"{name}\t{opts.get('url', '')}" if verbose else name
         if verbose:
             extra = " ".join(f"{k}={v}" for k, v in opts.items() if k != "url")
             line += f"\t{extra}" if extra else ""
-        click.echo(line)
+        click.echo(safe(line))
 
 
 @remote.command("remove")
@@ -141,12 +147,15 @@ def _summary(result: Any) -> str:
 @click.option("--all", "all_branches", is_flag=True, help="Push every branch.")
 @click.option("--tags", is_flag=True, help="Push every tag.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite diverged remote refs.")
+@click.option("--create", is_flag=True,
+              help="Create the remote if nothing is there yet (a new store).")
 @jobs_option
 @quiet_option
 @json_option
 @pass_repo
 def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branches: bool,
-         tags: bool, force: bool, jobs: int, quiet: bool, as_json: bool) -> None:
+         tags: bool, force: bool, create: bool, jobs: int, quiet: bool,
+         as_json: bool) -> None:
     """Upload what REMOTE lacks and move its refs (fast-forward only unless --force)."""
     from vrl.remote import default_remote, open_named
     from vrl.remote import push as do_push
@@ -155,7 +164,8 @@ def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branche
     store = open_named(repo, name)
     try:
         result = do_push(repo, store, name, refs, all_branches=all_branches, tags=tags,
-                         force=force, jobs=jobs, progress=TqdmProgress(quiet or as_json))
+                         force=force, jobs=jobs, progress=TqdmProgress(quiet or as_json),
+                         create=create)
     finally:
         store.close()
     if as_json:

@@ -159,7 +159,7 @@ class RemoteConformance:
 
     def repo_with_remote(self, path: Path, remote: RemoteCase) -> Repo:
         repo = Repo.init(path)
-        add_remote(repo, "origin", remote.url, remote.options)
+        add_remote(repo, "origin", remote.url, remote.options, create=True)
         return repo
 
     def store(self, repo: Repo) -> RemoteStore:

@@ -161,6 +161,7 @@ class Repo(Maintenance, WorkspaceMixin):
         """A tensor from the store: memory-mapped (copy-on-write, private) when large."""
         from vrl.tensors import tensor_from_buffer
 
+        entry.check()  # shape, dtype and size agree: nothing is allocated on a claim alone
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)

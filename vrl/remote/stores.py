@@ -100,8 +100,8 @@ class LocalRemote(RemoteStore):
         return data
 
     def _write(self, final: Path, source: bytes | Path) -> None:
+        self._inside(final.parent, os.path.relpath(final.parent, self.root))  # before mkdir
         final.parent.mkdir(parents=True, exist_ok=True)
-        self._inside(final.parent, os.path.relpath(final.parent, self.root))
         tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             with open(tmp, "xb") as out:

@@ -49,13 +49,14 @@ def short(oid: str | None) -> str:
     return oid[:12] if oid else "-" * 12
 
 
-def first_line(text: str) -> str:
-    return text.splitlines()[0] if text else ""
+def first_line(text: Any) -> str:
+    text = str(text) if text is not None else ""
+    return safe(text.splitlines()[0], one_line=True) if text else ""
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned text table (stable output for tests and pipes)."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    cells = [[safe(h, True) for h in headers]] + [[safe(c, True) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in cells]
@@ -71,7 +72,7 @@ def fmt_num(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return safe(value, one_line=True)
 
 
 def parse_assignments(items: Sequence[str], what: str) -> dict[str, Any]:

@@ -174,9 +174,10 @@ def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branche
     for u in result.updates:
         ref = u.ref.removeprefix("refs/heads/").removeprefix("refs/")
         if u.status == "up-to-date":
-            click.echo(f"{name}/{ref}: up to date ({short(u.new)})")
+            click.echo(safe(f"{name}/{ref}: up to date ({short(u.new)})", True))
         else:
-            click.echo(f"{name}/{ref}: {short(u.old)} -> {short(u.new)} ({u.status})")
+            click.echo(safe(f"{name}/{ref}: {short(u.old)} -> {short(u.new)} ({u.status})",
+                            True))
     if not quiet and any(u.status != "up-to-date" for u in result.updates):
         click.echo(f"Sent {_summary(result)}")
 
@@ -207,8 +208,8 @@ def fetch(repo: Repo, remote_name: str | None, metadata_only: bool, jobs: int, q
         echo_json(result.to_json())
         return
     for u in result.updates:
-        click.echo(f"{u.ref.removeprefix('refs/remotes/')}: {short(u.old)} -> {short(u.new)} "
-                   f"({u.status})")
+        click.echo(safe(f"{u.ref.removeprefix('refs/remotes/')}: {short(u.old)} -> "
+                        f"{short(u.new)} ({u.status})", True))
     if not quiet:
         click.echo(f"Received {_summary(result)}")
 
@@ -237,7 +238,7 @@ def pull(repo: Repo, remote_name: str | None, branch: str | None, force: bool, j
                             progress=TqdmProgress(quiet))
     finally:
         store.close()
-    ref = update.ref.removeprefix("refs/heads/")
+    ref = safe(update.ref.removeprefix("refs/heads/"), True)
     if update.status == "up-to-date":
         click.echo(f"{ref}: already up to date ({short(update.new)})")
         return
@@ -269,9 +270,9 @@ def clone(url: str, directory: str | None, branch: str | None, metadata_only: bo
     head = repo.head()
     where = Path(repo.workdir)
     kind = " (metadata only)" if metadata_only else ""
-    click.echo(f"Cloned {redact(url)} into {where}{kind}")
+    click.echo(safe(f"Cloned {redact(url)} into {where}{kind}", True))
     if head:
-        click.echo(f"On branch {repo.current_branch()} at {short(head)}")
+        click.echo(safe(f"On branch {repo.current_branch()} at {short(head)}", True))
     else:
         click.echo("The remote is empty")
 

@@ -433,6 +433,7 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     lazy = metadata_only or bool(repo.config.get("core", "partial"))
     commits, new_commits = _walk_history(repo, store, remote_refs, jobs)
     manifests, new_manifests = _complete_manifests(repo, store, commits, jobs)
+    _check_tensor_kinds(repo, manifests, set(commits) | set(manifests))
     if not lazy:
         pruned = repo.pruned()
         wanted: dict[ObjectId, int] = {}
@@ -509,6 +510,29 @@ def _walk_history(repo: Repo, store: RemoteStore, remote_refs: dict[str, ObjectI
                     named_by.setdefault(parent, f"parent of {oid[:12]}")
         wave = list(nxt)
     return commits, new
+
+
+def _check_tensor_kinds(repo: Repo, manifests: dict[ObjectId, Manifest],
+                        metadata: set[ObjectId]) -> None:
+    """Every tensor a manifest names that is already here (or arriving as metadata) must
+    be a tensor of the size the manifest says: a forged manifest may name a commit."""
+    checked: set[ObjectId] = set()
+    for mid, manifest in manifests.items():
+        for entry in manifest.tensors.values():
+            if entry.id in checked:
+                continue
+            checked.add(entry.id)
+            if entry.id in metadata:
+                kind, size = "commit or manifest", None
+            elif repo.objects.has(entry.id):
+                kind, size = repo.objects.kind_and_size(entry.id)
+            else:
+                continue
+            if kind != "tensor" or size != entry.nbytes:
+                raise CorruptObjectError(
+                    f"manifest {mid[:12]} names {entry.id[:12]} as a {entry.nbytes}-byte "
+                    f"tensor, but it is a {kind}" + (f" of {size} bytes" if size is not None
+                                                     else "") + "; refusing it")
 
 
 def _complete_manifests(repo: Repo, store: RemoteStore, commits: dict[ObjectId, Commit],

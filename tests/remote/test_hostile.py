@@ -27,6 +27,8 @@ class TestHostileMemory(HostileRemote):
 
 
 class TestHostileS3(HostileRemote):
+    examples = HostileRemote.examples * 2 // 3  # each trial costs seconds against moto
+
     @pytest.fixture
     def remote(self, s3):
         import boto3
@@ -38,6 +40,8 @@ class TestHostileS3(HostileRemote):
 
 
 class TestHostileSsh(HostileRemote):
+    examples = HostileRemote.examples * 2 // 3
+
     @pytest.fixture
     def remote(self, ssh):
         return RemoteCase(f"ssh://tester@127.0.0.1:{ssh.server.port}/{uuid.uuid4().hex}/repo",

@@ -29,7 +29,7 @@ from typing import Any
 
 import blake3
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vrl.errors import VrlError
@@ -62,6 +62,7 @@ class Known:
     new_tensors: list[ObjectId]  # only in c2 / c3
     old_tensors: list[ObjectId]
     sizes: dict[ObjectId, int]  # tensor payload sizes
+    empty: ObjectId  # a zero-byte tensor: the base of a size bomb
 
 
 @dataclass
@@ -168,7 +169,7 @@ def _pick(kind: str) -> st.SearchStrategy[Callable[[Known], ObjectId]]:
         "commit": [lambda k: k.commits[2], lambda k: k.commits[3], lambda k: k.commits[0]],
         "manifest": [lambda k: k.manifests[2], lambda k: k.manifests[3]],
         "tensor": [lambda k: k.new_tensors[0], lambda k: k.new_tensors[-1],
-                   lambda k: k.old_tensors[0]],
+                   lambda k: k.old_tensors[0], lambda k: k.empty],
     }
     return st.sampled_from(roles[kind])
 
@@ -318,6 +319,35 @@ def _point(a: Attack, ref: str, oid: str) -> None:
 ATTACKS = st.one_of(damaged_object(), forged_manifest(), forged_commit(), damaged_ref())
 
 
+def size_bomb(a: Attack) -> None:
+    """The bomb of issue 9.6, always tried: an empty tensor named as 4 GiB of float32."""
+    tensors = {"w": {"id": a.known.empty, "dtype": "float32", "shape": [1 << 30],
+                     "nbytes": 0}}
+    mid = a.forge("manifest", _json({"format": 1, "tensors": tensors, "tree": {"$t": "w"}}))
+    _point(a, "refs/heads/main", a.forge_commit(mid, [a.known.commits[3]]))
+    a.notes.append("size bomb")
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """A regression must fail the suite, not fill the disk: files over `limit` bytes
+    cannot be written (EFBIG) while the trials run."""
+    try:
+        import resource
+        import signal
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
 # ------------------------------------------------------------------------------ checks
 
 
@@ -366,6 +396,12 @@ def _fsck_ok(path: Path, what: str) -> None:
 
 # ------------------------------------------------------------------------------ the suite
 
+# Every trial clones (then checks out and exports); besides, a slow network backend runs
+# one of the other operations per trial, a fast one all of them.
+OPS = frozenset({"lazy", "fetch", "pull"})
+OP_SETS = st.sampled_from([frozenset({"lazy"}), frozenset({"fetch"}), frozenset({"pull"}),
+                           OPS])
+
 
 class HostileRemote:
     """Hypothesis-generated hostile remotes against clone, fetch, pull, checkout, export."""
@@ -390,6 +426,7 @@ class HostileRemote:
             state = {**state, "a": state["a"] + 1, "b": state["b"] * (i + 2)}
             if i == 3:
                 state["d"] = torch.full((5,), 3.0)
+                state["e"] = torch.zeros(0)
             commits.append(src.commit(state, message=f"c{i}", env=False, step=i))
             if i == 1:
                 push(src, open_named(src, "origin"), "origin")
@@ -401,8 +438,9 @@ class HostileRemote:
                    for m in manifests]
         old = set(tensors[0]) | set(tensors[1])
         new = sorted((set(tensors[2]) | set(tensors[3])) - old)
+        empty = src.read_manifest(manifests[3]).tensors["e"].id
         known = Known(commits, manifests, new, sorted(old),
-                      {k: v for t in tensors for k, v in t.items()})
+                      {k: v for t in tensors for k, v in t.items()}, empty)
         outside = tmp / "private" / "id_rsa"
         outside.parent.mkdir()
         outside.write_text("-----BEGIN PRIVATE KEY----- TOPSECRET\n")
@@ -413,9 +451,9 @@ class HostileRemote:
             store.close()
 
     def _trial(self, tmp: Path, remote: RemoteCase, attack: Attack, apply: Apply,
-               dst_template: Path, outcomes: Counter) -> None:
+               dst_template: Path, outcomes: Counter, ops: frozenset[str] = OPS) -> None:
         try:
-            self._trial_once(tmp, remote, attack, apply, dst_template, outcomes)
+            self._trial_once(tmp, remote, attack, apply, dst_template, outcomes, ops)
         except AssertionError as exc:
             outcomes["failures"] += 1
             raise AssertionError(f"{exc} [attack: {'; '.join(attack.notes)[:600]}]") from None
@@ -423,7 +461,7 @@ class HostileRemote:
             attack.notes.clear()
 
     def _trial_once(self, tmp: Path, remote: RemoteCase, attack: Attack, apply: Apply,
-                    dst_template: Path, outcomes: Counter) -> None:
+                    dst_template: Path, outcomes: Counter, ops: frozenset[str]) -> None:
         work = tmp / f"w-{uuid.uuid4().hex[:8]}"
         work.mkdir()
         skip = (work, tmp / "src") + ((Path(attack.store.root),)
@@ -450,7 +488,9 @@ class HostileRemote:
                 assert not full.exists(), "a failed clone left its directory behind"
             # a metadata-only clone, whose tensors arrive on demand
             lazy = work / "lazy"
-            if _clean("lazy clone", lambda: clone(remote.url, lazy, options=remote.options,
+            if "lazy" not in ops:
+                pass
+            elif _clean("lazy clone", lambda: clone(remote.url, lazy, options=remote.options,
                                                   metadata_only=True), outcomes):
                 repo = Repo(lazy)
                 for oid in dict.fromkeys(repo.refs.list().values()):
@@ -471,9 +511,10 @@ class HostileRemote:
                 finally:
                     store.close()
 
-            if not _clean("fetch", fetch_once, outcomes):
-                assert repo.refs.list() == refs, "a failed fetch moved refs"
-            _fsck_ok(old, "fetch")
+            if "fetch" in ops:
+                if not _clean("fetch", fetch_once, outcomes):
+                    assert repo.refs.list() == refs, "a failed fetch moved refs"
+                _fsck_ok(old, "fetch")
 
             def pull_once() -> None:
                 store = open_named(repo, "origin")
@@ -482,8 +523,10 @@ class HostileRemote:
                 finally:
                     store.close()
 
-            _clean("pull", pull_once, outcomes)
-            _fsck_ok(old, "pull")
+            if "pull" in ops:
+                if not _clean("pull", pull_once, outcomes):
+                    assert repo.refs.list() == refs, "a failed pull moved refs"
+                _fsck_ok(old, "pull")
         finally:
             attack.restore()
         grown = _vm_peak() - peak
@@ -504,12 +547,15 @@ class HostileRemote:
             self._trial(tmp, remote, attack, lambda a: None, dst, dry)  # untouched: all ok
             assert not any(k.endswith("refused") for k in dry), dry
 
+            stack.enter_context(_file_size_limit(64 << 20))
+
             @settings(max_examples=examples, deadline=None, derandomize=False,
                       suppress_health_check=list(HealthCheck), database=None)
-            @given(apply=ATTACKS)
-            def trial(apply: Apply) -> None:
+            @given(apply=ATTACKS, ops=OP_SETS)
+            @example(apply=size_bomb, ops=OPS)
+            def trial(apply: Apply, ops: frozenset[str]) -> None:
                 outcomes["trials"] += 1
-                self._trial(tmp, remote, attack, apply, dst, outcomes)
+                self._trial(tmp, remote, attack, apply, dst, outcomes, ops)
 
             trial()
 

@@ -101,7 +101,9 @@ class Repo(Maintenance, WorkspaceMixin):
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
         # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
         # remotes install a fetcher here.
-        self.fetch_missing: Callable[[list[ObjectId]], None] | None = None
+        # The optional second argument maps ids to the (kind, payload size) a manifest
+        # promised, so the fetcher refuses a mismatch before anything is written.
+        self.fetch_missing: Callable[..., None] | None = None
         promisor = self.config.get("core", "promisor")
         if promisor:  # a partial clone: missing objects download from this remote on demand
             from vrl.remote.transfer import install_lazy_fetcher
@@ -209,7 +211,7 @@ class Repo(Maintenance, WorkspaceMixin):
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]
         if missing and self.fetch_missing is not None:
-            self.fetch_missing(missing)
+            self.fetch_missing(missing, {e.id: ("tensor", e.nbytes) for e in entries})
             missing = [m for m in missing if not self.objects.has(m)]
         if missing:
             raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
@@ -448,7 +450,8 @@ class Repo(Maintenance, WorkspaceMixin):
             try:
                 store = open_named(self, name)
                 try:
-                    fetch_objects(self, store, missing)
+                    fetch_objects(self, store, missing, expect={
+                        e.id: ("tensor", e.nbytes) for e in manifest.tensors.values()})
                 finally:
                     store.close()
             except VrlError:

@@ -339,11 +339,13 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
             known |= {e.id for e in _manifest(repo, c).tensors.values()}
     manifests = list(dict.fromkeys(repo.read_commit(c).manifest for c in commits))
     tensors: list[ObjectId] = []
+    tensor_sizes: dict[ObjectId, int] = {}
     for m in manifests:
         for entry in repo.read_manifest(m).tensors.values():
             if entry.id not in known:
                 known.add(entry.id)
                 tensors.append(entry.id)
+                tensor_sizes[entry.id] = entry.nbytes
     # An interrupted push may have left some of these there: ask, and skip them.
     # A remote without refs holds at most leftovers of an interrupted push: list it.
     there = _remote_has(store, tensors + manifests + commits, jobs, prefer_list=not base)
@@ -351,7 +353,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
     new_commits = [c for c in commits if c not in there]
     missing_local = [o for o in data if not repo.objects.has(o)]
     if missing_local and repo.fetch_missing is not None:
-        repo.fetch_missing(missing_local)
+        repo.fetch_missing(missing_local, {o: ("tensor", tensor_sizes[o]) for o in missing_local
+                                           if o in tensor_sizes})
     for o in data:
         if not repo.objects.has(o):
             raise VrlError(f"object {o[:12]} is needed for the push but is not in this "
@@ -574,7 +577,7 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
         kind, nbytes = (expect or {}).get(oid, (None, None))
         raw = _download(store, oid, kind)
         if nbytes is not None and len(raw) - HEADER_SIZE != nbytes:
-            raise CorruptObjectError(f"tensor {oid[:12]} from {redact(store.url)} has "
+            raise CorruptObjectError(f"{kind} {oid[:12]} from {redact(store.url)} has "
                                      f"{len(raw) - HEADER_SIZE} bytes but its manifest says "
                                      f"{nbytes}; nothing was written")
         _store_raw(repo, oid, raw)
@@ -704,12 +707,13 @@ def _remote_default_branch(repo: Repo, store: RemoteStore, remote_name: str) -> 
 def install_lazy_fetcher(repo: Repo, remote_name: str, jobs: int = DEFAULT_JOBS) -> None:
     """Make missing objects download on demand from `remote_name` (partial clones)."""
 
-    def fetch_missing(ids: list[ObjectId]) -> None:
+    def fetch_missing(ids: list[ObjectId],
+                      expect: dict[ObjectId, tuple[str, int]] | None = None) -> None:
         from vrl.remote.config import open_named
 
         store = open_named(repo, remote_name)
         try:
-            fetch_objects(repo, store, list(ids), jobs=jobs)
+            fetch_objects(repo, store, list(ids), jobs=jobs, expect=expect)
         finally:
             store.close()
 

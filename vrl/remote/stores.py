@@ -64,6 +64,7 @@ class LocalRemote(RemoteStore):
         self.root = Path(root).expanduser().absolute()
         if (self.root / ".vrl" / "HEAD").is_file() and not (self.root / "HEAD").exists():
             self.root = self.root / ".vrl"  # a repository's workspace: use its store
+        self._real_root = os.path.realpath(self.root)
         self.url = url or str(self.root)
         self.fsync = fsync
         self._locks = RefStore(self.root, fsync=fsync)
@@ -76,7 +77,7 @@ class LocalRemote(RemoteStore):
         reads or writes out of itself (a ref linked to ~/.ssh/id_rsa, objects/ linked to
         /etc)."""
         real = os.path.realpath(path)
-        if real != os.path.normpath(os.path.join(os.path.realpath(self.root), key)):
+        if real != os.path.normpath(os.path.join(self._real_root, key)):
             raise RemoteError(f"{key[:200]} on {self.url} is a symbolic link or lies under "
                               "one; vrl never follows links out of a remote: remove it")
 

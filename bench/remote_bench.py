@@ -94,7 +94,7 @@ def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: 
     t0 = time.perf_counter()
     repo = build_history(tmp / f"{name}-src", n_tensors, tensor_bytes, commits, changed)
     build_s = time.perf_counter() - t0
-    add_remote(repo, "origin", url, opts)
+    add_remote(repo, "origin", url, opts, create=True)
     reachable = repo.reachable(include_reflog=False)
     distinct = object_bytes(repo, reachable)
     tensor_ids = {o for o in reachable if repo.objects.kind_and_size(o)[0] == "tensor"}

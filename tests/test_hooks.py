@@ -219,7 +219,7 @@ def test_pruned_snapshot_is_fetched_back_from_a_remote(tmp_path):
 
     repo = Repo.init(tmp_path / "work")
     ids = [repo.commit({"w": torch.full((100,), float(i))}, env=False) for i in range(4)]
-    add_remote(repo, "backup", str(tmp_path / "remote"))
+    add_remote(repo, "backup", str(tmp_path / "remote"), create=True)
     store = open_named(repo, "backup")
     push(repo, store, "backup", ["main"])
     store.close()

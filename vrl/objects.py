@@ -134,6 +134,44 @@ def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
 # ---------------------------------------------------------------------------- manifest
 
 
+# Bytes per element of every torch dtype name a manifest may hold (no torch import here:
+# metadata commands and fetch validate manifests without it). The packed sub-byte types
+# count their packed element (e.g. float4_e2m1fn_x2 holds two values per byte).
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+}
+MAX_NDIM = 64
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a manifest dtype name; CorruptObjectError if unknown."""
+    if not isinstance(dtype, str):
+        raise CorruptObjectError(f"manifest dtype {dtype!r} is not a string")
+    if dtype.startswith("numpy:"):
+        import numpy as np  # numpy only: no torch, and np.dtype of a string runs no code
+
+        try:
+            np_dtype = np.dtype(dtype[6:])
+        except (TypeError, ValueError):
+            raise CorruptObjectError(f"unknown array dtype {dtype[:40]!r} in manifest") from None
+        if np_dtype.hasobject:
+            raise CorruptObjectError(f"array dtype {dtype[:40]!r} holds Python objects")
+        return np_dtype.itemsize
+    try:
+        return ITEMSIZE[dtype]
+    except KeyError:
+        raise CorruptObjectError(f"unknown tensor dtype {dtype[:40]!r} in manifest") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     """Where one tensor's bytes live and how to read them back."""
@@ -154,8 +192,26 @@ class TensorEntry:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorEntry:
-        return cls(ObjectId(data["id"]), data["dtype"], tuple(data["shape"]), data["nbytes"],
-                   data.get("tie"))
+        entry = cls(ObjectId(data["id"]), data["dtype"], tuple(data["shape"]), data["nbytes"],
+                    data.get("tie"))
+        entry.check()
+        return entry
+
+    def check(self) -> None:
+        """`prod(shape) * itemsize == nbytes`, so no reader trusts a size it cannot back
+        (a hostile `shape: [2**28]` on an empty tensor would allocate 1 GiB)."""
+        if not is_object_id(self.id):
+            raise CorruptObjectError("manifest names a tensor whose id is not an object id")
+        if len(self.shape) > MAX_NDIM or not all(_is_int(d) for d in self.shape) or \
+                not _is_int(self.nbytes):
+            raise CorruptObjectError(f"tensor {self.id[:12]} has an invalid shape or size in "
+                                     "its manifest")
+        if math.prod(self.shape) * itemsize(self.dtype) != self.nbytes:
+            raise CorruptObjectError(
+                f"tensor {self.id[:12]} claims shape {list(self.shape)[:8]} of {self.dtype} "
+                f"but {self.nbytes} bytes: the manifest is inconsistent")
+        if self.tie is not None and not isinstance(self.tie, str):
+            raise CorruptObjectError(f"tensor {self.id[:12]} has an invalid tie")
 
 
 @dataclass(frozen=True)
@@ -206,9 +262,16 @@ class Manifest:
         try:
             tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
             layout = FileLayout.from_json(data["layout"]) if "layout" in data else None
-            return cls(tensors, data["tree"], layout)
-        except (KeyError, TypeError) as exc:
+            manifest = cls(tensors, data["tree"], layout)
+        except (KeyError, TypeError, AttributeError) as exc:
             raise CorruptObjectError(f"manifest is missing field {exc}") from exc
+        for name, entry in tensors.items():
+            tied = tensors.get(entry.tie) if entry.tie is not None else None
+            if entry.tie is not None and (tied is None or tied.tie is not None or
+                                          (tied.id, tied.nbytes) != (entry.id, entry.nbytes)):
+                raise CorruptObjectError(f"tensor {name[:80]!r} is tied to a tensor that "
+                                         "does not match it in the manifest")
+        return manifest
 
     def data_entries(self) -> dict[str, TensorEntry]:
         """Every data object the snapshot needs: its tensors and its file header, if any.

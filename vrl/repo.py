@@ -45,6 +45,7 @@ from vrl.objects import (
     check_depth,
     hash_object,
     is_object_id,
+    parse_header,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import RawTensor, SafetensorsFile
@@ -108,7 +109,9 @@ class Repo(Maintenance, WorkspaceMixin):
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
         # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
         # remotes install a fetcher here.
-        self.fetch_missing: Callable[[list[ObjectId]], None] | None = None
+        # The optional second argument maps ids to the (kind, payload size) a manifest
+        # promised, so the fetcher refuses a mismatch before anything is written.
+        self.fetch_missing: Callable[..., None] | None = None
         promisor = self.config.get("core", "promisor")
         if promisor:  # a partial clone: missing objects download from this remote on demand
             from vrl.remote.transfer import install_lazy_fetcher
@@ -196,6 +199,7 @@ class Repo(Maintenance, WorkspaceMixin):
     def _tensor_buffer(self, entry: TensorEntry) -> tuple[Any, int]:
         """(buffer, offset) holding a tensor's bytes: a small payload read into memory, or
         the object file memory-mapped (copy-on-write, private)."""
+        entry.check()  # shape, dtype and size agree: nothing is allocated on a claim alone
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)
@@ -207,6 +211,10 @@ class Repo(Maintenance, WorkspaceMixin):
             except ObjectNotFoundError:
                 self._fetch_or_fail([entry])
                 kind, payload = self.objects.read(entry.id)
+            if kind != "tensor" or len(payload) != entry.nbytes:
+                raise CorruptObjectError(f"tensor object {entry.id[:12]} is a {kind} of "
+                                         f"{len(payload)} bytes, not the {entry.nbytes}-byte "
+                                         "tensor its manifest names; run `vrl fsck`")
             return payload, 0
         try:
             fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
@@ -220,6 +228,8 @@ class Repo(Maintenance, WorkspaceMixin):
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
         finally:
             os.close(fd)
+        if parse_header(mapped[:HEADER_SIZE])[0] != "tensor":
+            raise CorruptObjectError(f"object {entry.id[:12]} is not a tensor; run `vrl fsck`")
         if self.objects.verify_reads and hash_object("tensor", memoryview(mapped)[HEADER_SIZE:],
                                                      threads=True) != entry.id:
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
@@ -237,7 +247,7 @@ class Repo(Maintenance, WorkspaceMixin):
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]
         if missing and self.fetch_missing is not None:
-            self.fetch_missing(missing)
+            self.fetch_missing(missing, {e.id: ("tensor", e.nbytes) for e in entries})
             missing = [m for m in missing if not self.objects.has(m)]
         if missing:
             raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
@@ -561,7 +571,8 @@ class Repo(Maintenance, WorkspaceMixin):
             try:
                 store = open_named(self, name)
                 try:
-                    fetch_objects(self, store, missing)
+                    fetch_objects(self, store, missing, expect={
+                        e.id: ("tensor", e.nbytes) for e in manifest.tensors.values()})
                 finally:
                     store.close()
             except VrlError:
@@ -579,7 +590,11 @@ class Repo(Maintenance, WorkspaceMixin):
                 self._fetch_or_fail(missing)
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
-            tensors[name] = tensors[entry.tie] if entry.tie else self.load_entry(entry)
+            if not entry.tie:
+                tensors[name] = self.load_entry(entry)
+        for name, entry in manifest.tensors.items():  # ties may sort before their target
+            if entry.tie:
+                tensors[name] = tensors[entry.tie]
         return unflatten(manifest.tree, tensors)
 
     def checkout(self, rev: str, model: Any = None, optimizer: Any = None,

@@ -1,7 +1,41 @@
 import os
 
+import pytest
+
 # Fake credentials for the local S3 server, and never ask a cloud metadata endpoint.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from vrl.testing.servers import s3_server
+
+    server = s3_server()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def ssh(tmp_path_factory):
+    pytest.importorskip("sshfs")
+    pytest.importorskip("asyncssh")
+    from vrl.testing.servers import sftp_server
+
+    setup = sftp_server(tmp_path_factory.mktemp("sshd"))
+    yield setup
+    setup.server.kill()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The hostile-remote suite's counts: trials per backend and what each operation did."""
+    from vrl.testing.hostile import TRIALS
+
+    for backend, counts in sorted(TRIALS.items()):
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if k != "trials")
+        terminalreporter.write_line(f"hostile-remote {backend}: {counts['trials']} trials "
+                                    f"({detail})")

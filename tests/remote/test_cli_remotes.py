@@ -70,7 +70,7 @@ def test_push_clone_pull_session(ws, capsys):
     vrl(capsys, "commit", "-m", "first", "--no-env")
     remote = ws / "shared.vrl"
     vrl(capsys, "remote", "add", "origin", str(remote))
-    code, out, err = vrl(capsys, "push", "-q")
+    code, out, err = vrl(capsys, "push", "-q", "--create")
     head = Repo(".").head()
     assert (code, out) == (0, f"origin/main: ------------ -> {head[:12]} (new)\n"), err
     code, out, _ = vrl(capsys, "push")
@@ -116,7 +116,7 @@ def test_push_refused_when_diverged(ws, capsys):
     vrl(capsys, "init")
     policy()
     vrl(capsys, "commit", "-m", "first", "--no-env")
-    vrl(capsys, "remote", "add", "origin", str(ws / "r.vrl"))
+    vrl(capsys, "remote", "add", "origin", str(ws / "r.vrl"), "--create")
     vrl(capsys, "push")
     os.chdir(ws)
     vrl(capsys, "clone", str(ws / "r.vrl"), "b")

@@ -7,28 +7,6 @@ import pytest
 from vrl.testing.remote_conformance import RemoteCase, RemoteConformance
 
 
-@pytest.fixture(scope="session")
-def s3():
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto")
-    from vrl.testing.servers import s3_server
-
-    server = s3_server()
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="session")
-def ssh(tmp_path_factory):
-    pytest.importorskip("sshfs")
-    pytest.importorskip("asyncssh")
-    from vrl.testing.servers import sftp_server
-
-    setup = sftp_server(tmp_path_factory.mktemp("sshd"))
-    yield setup
-    setup.server.kill()
-
-
 class TestLocal(RemoteConformance):
     @pytest.fixture
     def remote(self, tmp_path):

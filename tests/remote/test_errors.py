@@ -26,7 +26,7 @@ from vrl.testing.servers import free_port
     ("ssh:///path", "no host"),
     ("ssh://host:99999/x", "invalid port"),
     ("host:some/path", "scp-style"),
-    ("s3://AKIA:SECRETKEY@bucket/x", "embeds a password"),
+    ("s3://AKIA:SECRETKEY@bucket/x", "embeds a credential"),
     ("", "invalid remote URL"),
 ])
 def test_bad_urls_are_refused_without_contacting_anything(url, why):
@@ -157,3 +157,65 @@ def test_ssh_key_not_authorized_and_unknown_host(tmp_path):
             push(repo2, open_named(repo2, "origin"), "origin")
     finally:
         setup.server.kill()
+
+
+# ------------------------------------------------------------------ credentials (issue 9.11)
+
+SECRET = "wJal/rXUtnFEMI"
+
+
+@pytest.mark.parametrize("url", [
+    f"s3://AKIAIOSFODNN7:{SECRET}@bucket/p",  # a `/` inside the secret, as AWS secrets have
+    f"ssh://me:{SECRET}@host/x",
+    f"me:{SECRET}@host:path",  # scp-style
+    f"sftp://me:{SECRET}@host:22/x@y",
+])
+def test_secret_in_url_is_refused_and_never_shown(url):
+    with pytest.raises(RemoteConfigError, match="credential") as err:
+        check_url(url)
+    assert "wJal" not in str(err.value) and "rXUt" not in str(err.value)
+    assert redact(url).count("***") == 1 and "wJal" not in redact(url)
+
+
+@pytest.mark.parametrize("url", ["ssh://host:22/x@v1", "ssh://me@host:2222/p", "s3://b/p@x",
+                                 "/data/a:b@c", "file:///tmp/x"])
+def test_urls_without_secrets_pass(url):
+    assert check_url(url) == url
+
+
+@pytest.mark.parametrize("key, value", [
+    ("key", "AKIA"), ("secret", "x"), ("token", "x"), ("passphrase", "x"),
+    ("password", "x"), ("pwd", "x"), ("aws_session_token", "x"), ("Secret-Key", "x"),
+    ("endpoint_url", f"http://me:{SECRET}@127.0.0.1:9000"),
+])
+def test_secret_options_are_refused(repo, key, value):
+    with pytest.raises(RemoteConfigError, match="credential") as err:
+        add_remote(repo, "x", "s3://b/p", {key: value})
+    assert "wJal" not in str(err.value)
+    assert "remote" not in repo.config.path.read_text()
+
+
+def test_cli_never_stores_or_prints_secrets(ws, capsys):
+    from helpers import vrl
+
+    vrl(capsys, "init")
+    for args in (["remote", "add", "o", f"s3://AKIA:{SECRET}@bucket/p"],
+                 ["remote", "add", "o", "s3://bucket/p", "-o", f"key={SECRET}"],
+                 ["remote", "add", "o", "s3://bucket/p", "-o", f"pwd={SECRET}"],
+                 ["remote", "add", "o", f"me:{SECRET}@host:path"],
+                 ["clone", f"s3://AKIA:{SECRET}@bucket/p", "d"]):
+        code, out, err = vrl(capsys, *args)
+        assert code == 1 and "wJal" not in out + err and "credential" in err, (args, err)
+    assert "wJal" not in (ws / ".vrl" / "config").read_text()
+    assert not (ws / "d").exists()
+    # a config written by hand (or by an old version) is never echoed
+    with open(ws / ".vrl" / "config", "a") as f:
+        f.write(f'[remote "old"]\nurl = s3://AKIA:{SECRET}@bucket/p\npassphrase = {SECRET}\n'
+                'profile = lab\n')
+    code, out, _ = vrl(capsys, "remote", "list", "-v")
+    assert code == 0 and "wJal" not in out
+    assert out == "old\ts3://AKIA:***@bucket/p\tpassphrase=*** profile=lab\n"
+    code, out, _ = vrl(capsys, "remote", "list", "--json")
+    assert "wJal" not in out and "***" in out
+    code, out, err = vrl(capsys, "push", "old")
+    assert code == 1 and "wJal" not in out + err and "s3://AKIA:***@bucket/p" in err

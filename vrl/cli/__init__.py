@@ -76,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     except VrlError as exc:
         if os.environ.get("VRL_DEBUG"):
             raise
-        click.echo(f"error: {exc}", err=True)
+        from vrl.cli._common import safe
+        from vrl.remote.base import redact
+
+        # Messages may quote repository or remote data: no secrets, no escape sequences.
+        click.echo(f"error: {safe(redact(str(exc)), one_line=True)}", err=True)
         return 1
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from functools import wraps
@@ -30,17 +31,33 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+# C0 controls except tab and newline, DEL, C1 controls (0x9b is a one-byte CSI), and the
+# bidirectional overrides that can make text read differently from what it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: Any, one_line: bool = False) -> str:
+    """Repository data made safe to print: escape sequences and control characters (from
+    commit messages, ref names, authors, remotes...) are shown escaped (`\\x1b`), never
+    sent raw to the terminal. `one_line` also escapes newlines and tabs."""
+    pattern = _UNSAFE_LINE if one_line else _UNSAFE
+    return pattern.sub(lambda m: repr(m[0])[1:-1] if ord(m[0]) < 0x100
+                       else f"\\u{ord(m[0]):04x}", str(text))
+
+
 def short(oid: str | None) -> str:
     return oid[:12] if oid else "-" * 12
 
 
-def first_line(text: str) -> str:
-    return text.splitlines()[0] if text else ""
+def first_line(text: Any) -> str:
+    text = str(text) if text is not None else ""
+    return safe(text.splitlines()[0], one_line=True) if text else ""
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned text table (stable output for tests and pipes)."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    cells = [[safe(h, True) for h in headers]] + [[safe(c, True) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in cells]
@@ -56,7 +73,7 @@ def fmt_num(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return safe(value, one_line=True)
 
 
 def parse_assignments(items: Sequence[str], what: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from vrl.cli._common import (
     json_option,
     pass_repo,
     render_diff,
+    safe,
     short,
     table,
 )
@@ -37,7 +38,7 @@ def _decorations(repo: Repo, entry: LogEntry) -> str:
             names.insert(0, name)
         else:
             names.append(name)
-    return f" ({', '.join(names)})" if names else ""
+    return safe(f" ({', '.join(names)})", one_line=True) if names else ""
 
 
 def _entry_json(entry: LogEntry) -> dict[str, Any]:
@@ -80,16 +81,16 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
                        f"{first_line(c.message)}")
             continue
         click.echo(color(f"commit {e.id}", "yellow") + _decorations(repo, e))
-        click.echo(f"Author: {c.author}")
-        click.echo(f"Date:   {c.time}")
+        click.echo(f"Author: {safe(c.author, True)}")
+        click.echo(f"Date:   {safe(c.time, True)}")
         if c.step is not None:
-            click.echo(f"Step:   {c.step}")
+            click.echo(f"Step:   {safe(c.step, True)}")
         if c.metrics:
-            click.echo("Metrics: " + " ".join(f"{k}={fmt_num(v)}" for k, v in
+            click.echo("Metrics: " + " ".join(f"{safe(k, True)}={fmt_num(v)}" for k, v in
                                               sorted(c.metrics.items())))
         click.echo("")
-        for line in (c.message or "").splitlines() or [""]:
-            click.echo(f"    {line}")
+        for line in str(c.message or "").splitlines() or [""]:
+            click.echo(f"    {safe(line, True)}")
         click.echo("")
 
 
@@ -120,19 +121,19 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool, as_json:
     click.echo(color(f"commit {oid}", "yellow"))
     if c.parents:
         click.echo(f"Parent: {c.parents[0]}")
-    click.echo(f"Author: {c.author}")
-    click.echo(f"Date:   {c.time}")
+    click.echo(f"Author: {safe(c.author, True)}")
+    click.echo(f"Date:   {safe(c.time, True)}")
     if c.step is not None:
-        click.echo(f"Step:   {c.step}")
+        click.echo(f"Step:   {safe(c.step, True)}")
     click.echo("")
-    for line in (c.message or "").splitlines() or [""]:
-        click.echo(f"    {line}")
+    for line in str(c.message or "").splitlines() or [""]:
+        click.echo(f"    {safe(line, True)}")
     for title, data in (("Hyperparameters", c.hparams), ("Metrics", c.metrics),
                         ("Environment", c.env), ("Metadata", c.meta)):
         if data:
             click.echo(f"\n{title}:")
             for key, value in _flat(data):
-                click.echo(f"  {key}: {fmt_num(value)}")
+                click.echo(f"  {safe(key, True)}: {fmt_num(value)}")
     click.echo("")
     click.echo(render_diff(diff, only_changed=not show_all))
 
@@ -187,7 +188,8 @@ def reflog(repo: Repo, ref: str, max_count: int | None, as_json: bool) -> None:
         return
     label = "HEAD" if name == "HEAD" else short_ref(name)
     for i, e in enumerate(entries):
-        click.echo(f"{color(short(e.new), 'yellow')} {label}@{{{i}}}: {e.reason}")
+        click.echo(f"{color(short(e.new), 'yellow')} {safe(label, True)}@{{{i}}}: "
+                   f"{safe(e.reason, True)}")
 
 
 COMMANDS = [log, show, diff, reflog]

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from vrl.cli._common import echo_json, json_option, pass_repo
+from vrl.cli._common import echo_json, first_line, json_option, pass_repo, safe
 from vrl.diff import human_bytes
 from vrl.errors import VrlError
 from vrl.repo import Repo
@@ -72,9 +72,9 @@ def fsck(repo: Repo, as_json: bool) -> None:
         echo_json(report)
     else:
         for problem in report["problems"]:
-            click.echo(f"error: {problem}")
+            click.echo(f"error: {safe(problem, True)}")
         for warning in report["warnings"]:
-            click.echo(f"warning: {warning['message']}")
+            click.echo(f"warning: {safe(warning['message'], True)}")
         for oid in report["dangling_commits"]:
             click.echo(f"dangling commit {oid}")
         state = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
@@ -111,7 +111,7 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
     verb = "would prune" if dry_run else "pruned"
     for oid in pruned:
         message = repo.read_commit(oid).message
-        click.echo(f"{verb} {oid[:12]} {message.splitlines()[0] if message else ''}".rstrip())
+        click.echo(f"{verb} {oid[:12]} {first_line(message)}".rstrip())
     if dry_run or not pruned:
         click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
                    "`vrl gc` to free their space")

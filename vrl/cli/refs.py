@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from vrl.cli._common import echo_json, first_line, json_option, pass_repo, short
+from vrl.cli._common import echo_json, first_line, json_option, pass_repo, safe, short
 from vrl.repo import Repo
 
 
@@ -45,10 +45,11 @@ def branch(repo: Repo, name: str | None, rev: str, delete: bool, force: bool,
         echo_json({"current": current, "branches": branches})
         return
     if current and current not in branches:
-        click.echo(f"* {current} (no commits yet)")
+        click.echo(f"* {safe(current, True)} (no commits yet)")
     for bname, oid in branches.items():
         mark = "*" if bname == current else " "
-        click.echo(f"{mark} {bname}  {short(oid)} {first_line(repo.read_commit(oid).message)}")
+        click.echo(f"{mark} {safe(bname, True)}  {short(oid)} "
+                   f"{first_line(repo.read_commit(oid).message)}")
 
 
 @click.command()
@@ -77,7 +78,7 @@ def tag(repo: Repo, name: str | None, rev: str, delete: bool, force: bool,
         echo_json(tags)
         return
     for tname, oid in tags.items():
-        click.echo(f"{tname}  {short(oid)}")
+        click.echo(f"{safe(tname, True)}  {short(oid)}")
 
 
 COMMANDS = [branch, tag]

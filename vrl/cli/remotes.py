@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from vrl.cli._common import echo_json, json_option, parse_assignments, pass_repo, short
+from vrl.cli._common import echo_json, json_option, parse_assignments, pass_repo, safe, short
 from vrl.repo import Repo
 
 jobs_option = click.option("-j", "--jobs", type=click.IntRange(1, 64), default=8,
@@ -67,9 +67,11 @@ def remote() -> None:
               help="Take URL and options from this DVC project's remote (its default, or "
                    "the one named by --dvc-remote).")
 @click.option("--dvc-remote", default=None, help="Which DVC remote to use with --from-dvc.")
+@click.option("--create", is_flag=True,
+              help="Also create an empty vrl remote at URL (push refuses a missing one).")
 @pass_repo
 def remote_add(repo: Repo, name: str, url: str | None, options: tuple[str, ...],
-               from_dvc: bool, dvc_remote: str | None) -> None:
+               from_dvc: bool, dvc_remote: str | None, create: bool) -> None:
     """Add remote NAME at URL."""
     from vrl.remote import add_remote, redact
     from vrl.remote import dvc_remote as read_dvc
@@ -82,8 +84,9 @@ def remote_add(repo: Repo, name: str, url: str | None, options: tuple[str, ...],
         opts = {**dvc_opts, **opts}
     elif not url:
         raise click.UsageError("give the remote's URL (or --from-dvc)")
-    add_remote(repo, name, url, opts)
-    click.echo(f"Added remote {name} -> {redact(url)}")
+    add_remote(repo, name, url, opts, create=create)
+    click.echo(safe(f"Added remote {name} -> {redact(url)}" +
+                    (" (created)" if create else "")))
 
 
 @remote.command("list")
@@ -92,18 +95,21 @@ def remote_add(repo: Repo, name: str, url: str | None, options: tuple[str, ...],
 @pass_repo
 def remote_list(repo: Repo, verbose: bool, as_json: bool) -> None:
     """List remotes."""
-    from vrl.remote import redact, remotes
+    from vrl.remote import remotes
+    from vrl.remote.base import redact_options
 
-    known = remotes(repo)
+    # Redacted even though vrl refuses to store secrets: a config written by hand (or by an
+    # older version) may hold one.
+    known = {name: redact_options(opts) for name, opts in remotes(repo).items()}
     if as_json:
-        echo_json({n: {k: redact(v) for k, v in o.items()} for n, o in known.items()})
+        echo_json(known)
         return
     for name, opts in sorted(known.items()):
-        line = f"{name}\t{redact(opts.get('url', ''))}" if verbose else name
+        line = f"{name}\t{opts.get('url', '')}" if verbose else name
         if verbose:
             extra = " ".join(f"{k}={v}" for k, v in opts.items() if k != "url")
             line += f"\t{extra}" if extra else ""
-        click.echo(line)
+        click.echo(safe(line))
 
 
 @remote.command("remove")
@@ -141,12 +147,15 @@ def _summary(result: Any) -> str:
 @click.option("--all", "all_branches", is_flag=True, help="Push every branch.")
 @click.option("--tags", is_flag=True, help="Push every tag.")
 @click.option("-f", "--force", is_flag=True, help="Overwrite diverged remote refs.")
+@click.option("--create", is_flag=True,
+              help="Create the remote if nothing is there yet (a new store).")
 @jobs_option
 @quiet_option
 @json_option
 @pass_repo
 def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branches: bool,
-         tags: bool, force: bool, jobs: int, quiet: bool, as_json: bool) -> None:
+         tags: bool, force: bool, create: bool, jobs: int, quiet: bool,
+         as_json: bool) -> None:
     """Upload what REMOTE lacks and move its refs (fast-forward only unless --force)."""
     from vrl.remote import default_remote, open_named
     from vrl.remote import push as do_push
@@ -155,7 +164,8 @@ def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branche
     store = open_named(repo, name)
     try:
         result = do_push(repo, store, name, refs, all_branches=all_branches, tags=tags,
-                         force=force, jobs=jobs, progress=TqdmProgress(quiet or as_json))
+                         force=force, jobs=jobs, progress=TqdmProgress(quiet or as_json),
+                         create=create)
     finally:
         store.close()
     if as_json:
@@ -164,9 +174,10 @@ def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branche
     for u in result.updates:
         ref = u.ref.removeprefix("refs/heads/").removeprefix("refs/")
         if u.status == "up-to-date":
-            click.echo(f"{name}/{ref}: up to date ({short(u.new)})")
+            click.echo(safe(f"{name}/{ref}: up to date ({short(u.new)})", True))
         else:
-            click.echo(f"{name}/{ref}: {short(u.old)} -> {short(u.new)} ({u.status})")
+            click.echo(safe(f"{name}/{ref}: {short(u.old)} -> {short(u.new)} ({u.status})",
+                            True))
     if not quiet and any(u.status != "up-to-date" for u in result.updates):
         click.echo(f"Sent {_summary(result)}")
 
@@ -197,8 +208,8 @@ def fetch(repo: Repo, remote_name: str | None, metadata_only: bool, jobs: int, q
         echo_json(result.to_json())
         return
     for u in result.updates:
-        click.echo(f"{u.ref.removeprefix('refs/remotes/')}: {short(u.old)} -> {short(u.new)} "
-                   f"({u.status})")
+        click.echo(safe(f"{u.ref.removeprefix('refs/remotes/')}: {short(u.old)} -> "
+                        f"{short(u.new)} ({u.status})", True))
     if not quiet:
         click.echo(f"Received {_summary(result)}")
 
@@ -227,7 +238,7 @@ def pull(repo: Repo, remote_name: str | None, branch: str | None, force: bool, j
                             progress=TqdmProgress(quiet))
     finally:
         store.close()
-    ref = update.ref.removeprefix("refs/heads/")
+    ref = safe(update.ref.removeprefix("refs/heads/"), True)
     if update.status == "up-to-date":
         click.echo(f"{ref}: already up to date ({short(update.new)})")
         return
@@ -259,9 +270,9 @@ def clone(url: str, directory: str | None, branch: str | None, metadata_only: bo
     head = repo.head()
     where = Path(repo.workdir)
     kind = " (metadata only)" if metadata_only else ""
-    click.echo(f"Cloned {redact(url)} into {where}{kind}")
+    click.echo(safe(f"Cloned {redact(url)} into {where}{kind}", True))
     if head:
-        click.echo(f"On branch {repo.current_branch()} at {short(head)}")
+        click.echo(safe(f"On branch {repo.current_branch()} at {short(head)}", True))
     else:
         click.echo("The remote is empty")
 

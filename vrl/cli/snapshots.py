@@ -16,6 +16,7 @@ from vrl.cli._common import (
     parse_metrics,
     pass_repo,
     render_diff,
+    safe,
     short,
 )
 from vrl.diff import human_bytes
@@ -131,7 +132,7 @@ def checkout(repo: Repo, rev: str | None, new_branch: str | None, force: bool,
     if new_branch:
         click.echo(f"Switched to a new branch '{new_branch}'")
     elif branch:
-        click.echo(f"Switched to branch '{branch}'")
+        click.echo(safe(f"Switched to branch '{branch}'", True))
     else:
         click.echo(f"HEAD is now at {short(target)} {first_line(c.message)} (detached)")
     if write:
@@ -167,7 +168,8 @@ def status(repo: Repo, show_all: bool, as_json: bool) -> None:
         echo_json({"branch": branch, "head": head, "workspace": str(repo.workspace_path),
                    "status": state, "diff": diff.to_json() if diff else None})
         return
-    click.echo(f"On branch {branch}" if branch else f"HEAD detached at {short(head)}")
+    click.echo(safe(f"On branch {branch}", True) if branch else
+               f"HEAD detached at {short(head)}")
     if head is None:
         click.echo("No commits yet")
     name = repo.workspace_path.name

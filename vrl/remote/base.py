@@ -17,24 +17,53 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vrl.errors import RefConflictError, VrlError
-from vrl.objects import ObjectId
+from vrl.errors import InvalidRefNameError, RefConflictError, VrlError
+from vrl.objects import ObjectId, is_object_id
+from vrl.refs import check_ref_name
 from vrl.remote.errors import (
     RemoteAuthError,
     RemoteError,
     RemoteUnreachableError,
 )
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:]*):[^/@]*@")
+# `user:secret@` after a scheme (`s3://AKIA:wJal/rX@bucket`: the secret may hold `/`),
+# or at the start of a word (scp-style `me:pw@host:path`). Greedy up to the last `@` of
+# the word, so a secret holding `@` is hidden too.
+_USERINFO = re.compile(r"(?P<pre>[a-zA-Z][a-zA-Z0-9+.-]*://|(?<![^\s'\"(=<]))"
+                       r"(?P<user>[^\s/@:'\"(=<]*):[^\s'\"]*@")
+# Option names that hold secrets (exact) or contain one of these words.
+SECRET_KEYS = ("key", "pwd", "pass", "passphrase", "secret", "token", "password")
+SECRET_WORDS = ("secret", "passw", "passphrase", "pwd", "token", "credential", "access_key",
+                "private", "sas", "connection_string", "account_key", "session")
 
 
 def redact(text: str) -> str:
     """Hide any password embedded in a URL (`user:secret@host` -> `user:***@host`)."""
-    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+    return _USERINFO.sub(lambda m: f"{m['pre']}{m['user']}:***@", str(text))
+
+
+def is_secret_option(key: str) -> bool:
+    """True if a backend option's name says it holds a credential."""
+    low = key.lower().replace("-", "_")
+    return low in SECRET_KEYS or any(word in low for word in SECRET_WORDS)
+
+
+def redact_options(options: dict[str, str]) -> dict[str, str]:
+    """Options safe to print: credential-like values hidden, URLs redacted."""
+    return {k: "***" if is_secret_option(k) else redact(v) for k, v in options.items()}
 
 
 def object_key(oid: ObjectId | str) -> str:
     return f"objects/{oid[:2]}/{oid[2:]}"
+
+
+MAX_REF_BYTES = 4096  # a ref is 65 bytes; HEAD a short "ref: refs/heads/..." line
+MAX_REF_NAME = 1024
+
+
+def too_large(key: str, url: str, limit: int, what: str) -> RemoteError:
+    return RemoteError(f"{key[:200]} on {redact(url)} is over {limit} bytes, too large for a "
+                       f"vrl {what}: the remote is damaged; refusing it")
 
 
 class KeyMissing(Exception):
@@ -58,6 +87,14 @@ class RemoteStore(ABC):
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Create or replace `key` atomically: readers see the old bytes or all new ones."""
+
+    def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
+        """The bytes of `key`, refusing anything over `limit` bytes (metadata and refs from
+        a remote are small; a huge one is damage or an attack, never read nor printed)."""
+        data = self.get(key)
+        if len(data) > limit:
+            raise too_large(key, self.url, limit, what)
+        return data
 
     def put_file(self, key: str, local: Path) -> None:
         """Upload a local file as `key` (atomically). Backends stream where they can."""
@@ -90,9 +127,20 @@ class RemoteStore(ABC):
 
     # ---------------------------------------------------------------- refs
     def read_ref(self, name: str) -> tuple[ObjectId | None, Any]:
+        """A ref's commit id (None if absent). A ref holding anything but an id is refused
+        without showing its content (it may be a huge file or a link to a private one)."""
         data, token = self.read_versioned(name)
-        text = data.decode("ascii", "replace").strip() if data else ""
-        return (ObjectId(text) if text else None), token
+        return self._ref_value(name, data), token
+
+    def _ref_value(self, name: str, data: bytes | None) -> ObjectId | None:
+        if not data:
+            return None
+        text = data[:MAX_REF_BYTES + 1].decode("ascii", "replace").strip()
+        if len(data) > MAX_REF_BYTES or not is_object_id(text):
+            raise RemoteError(f"ref {name[:200]!r} on {redact(self.url)} is damaged: it does not "
+                              f"hold a commit id ({len(data)} bytes); repair or delete it "
+                              "on the remote")
+        return ObjectId(text)
 
     def cas_ref(self, name: str, new: ObjectId, expected: Any) -> None:
         self.swap(name, f"{new}\n".encode(), expected)
@@ -101,13 +149,39 @@ class RemoteStore(ABC):
         """Every ref under refs/ and its value."""
         out: dict[str, ObjectId] = {}
         for key in sorted(self.list("refs/")):
-            value, _ = self.read_ref(key)
+            if not key.startswith(("refs/heads/", "refs/tags/")):
+                continue  # e.g. a repository's own remote-tracking refs
+            try:
+                if len(key) > MAX_REF_NAME:
+                    raise InvalidRefNameError(f"over {MAX_REF_NAME} characters")
+                check_ref_name(key)
+            except InvalidRefNameError as exc:
+                raise RemoteError(f"{redact(self.url)} has a ref with an invalid name "
+                                  f"{key[:100]!r} ({exc}); rename or delete it on the remote"
+                                  ) from None
+            try:  # bounded read: a huge "ref" is never loaded, nor shown
+                data = self.get_small(key, MAX_REF_BYTES, "ref")
+            except KeyMissing:
+                continue
+            value = self._ref_value(key, data)
             if value:
                 out[key] = value
         return out
 
     def has_object(self, oid: ObjectId) -> bool:
         return self.exists(object_key(oid))
+
+    # ---------------------------------------------------------------- existence
+    def state(self) -> str:
+        """"store" (a vrl remote: HEAD or refs there), "empty" (an empty directory the user
+        made), "missing" (nothing there) or "other" (something that is not a vrl remote)."""
+        return "store" if self.exists("HEAD") or self.list("refs/") else "missing"
+
+    def create(self, branch: str = "main") -> None:
+        """Make this an (empty) vrl remote: HEAD names `branch`. Existing ones are kept."""
+        with contextlib.suppress(RefConflictError):
+            if self.read_versioned("HEAD")[0] is None:
+                self.swap("HEAD", f"ref: refs/heads/{branch}\n".encode(), None)
 
     # ---------------------------------------------------------------- errors
     @contextlib.contextmanager
@@ -162,5 +236,5 @@ def translate(exc: BaseException, url: str, doing: str) -> RemoteError:
     return RemoteError(f"{where}: error while {doing}: {type(exc).__name__}: {detail}")
 
 
-__all__ = ["RemoteStore", "KeyMissing", "RefConflictError", "object_key", "redact",
-           "translate"]
+__all__ = ["RemoteStore", "KeyMissing", "RefConflictError", "is_secret_option", "object_key",
+           "redact", "redact_options", "translate"]

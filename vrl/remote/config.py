@@ -47,7 +47,10 @@ def check_remote_name(name: str) -> str:
     return name
 
 
-def add_remote(repo: Repo, name: str, url: str, options: dict[str, str] | None = None) -> None:
+def add_remote(repo: Repo, name: str, url: str, options: dict[str, str] | None = None, *,
+               create: bool = False) -> None:
+    """Add remote `name` (`create`: also make an empty vrl remote there, so that a later
+    push to it is not refused as a possibly mistyped location)."""
     check_remote_name(name)
     check_url(url)
     options = check_options(dict(options or {}))
@@ -59,6 +62,18 @@ def add_remote(repo: Repo, name: str, url: str, options: dict[str, str] | None =
         if key == "url" or not key.replace("_", "").replace("-", "").isalnum():
             raise RemoteConfigError(f"invalid option name {key!r}")
         repo.config.set(_section(name), key, str(value))
+    if create:
+        from vrl.remote.transfer import check_remote
+
+        try:
+            store = open_named(repo, name)
+            try:
+                check_remote(store, create=True, branch=repo.current_branch() or "main")
+            finally:
+                store.close()
+        except BaseException:
+            repo.config.remove_section(_section(name))
+            raise
     repo.config.save()
 
 

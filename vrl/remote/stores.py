@@ -7,7 +7,9 @@ optional dependency only matters for the scheme that needs it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 import socket
 import threading
@@ -19,8 +21,8 @@ from urllib.parse import unquote, urlsplit
 
 from vrl.errors import RefConflictError
 from vrl.refs import RefStore
-from vrl.remote.base import KeyMissing, RemoteStore, redact
-from vrl.remote.errors import MissingBackendError, RemoteConfigError
+from vrl.remote.base import KeyMissing, RemoteStore, is_secret_option, redact, too_large
+from vrl.remote.errors import MissingBackendError, RemoteConfigError, RemoteError
 
 LOCK_TIMEOUT = 20.0
 STALE_LOCK_AGE = 60.0
@@ -30,6 +32,13 @@ READ_TIMEOUT = 120.0
 # One exclusive-create at a time per process: the in-memory fs checks and creates in two
 # steps, so without this two threads could both "win" a lock.
 _CREATE_LOCK = threading.Lock()
+
+
+def _looks_like_exists(exc: BaseException) -> bool:
+    """True if an exclusive create failed because the file is there (SFTP reports this as
+    a generic failure whose text says so)."""
+    return isinstance(exc, FileExistsError) or getattr(exc, "errno", None) == errno.EEXIST \
+        or "exists" in str(exc).lower()
 
 
 def _is_temp(name: str) -> bool:
@@ -53,6 +62,9 @@ class LocalRemote(RemoteStore):
 
     def __init__(self, root: str | Path, url: str | None = None, fsync: bool = True) -> None:
         self.root = Path(root).expanduser().absolute()
+        if (self.root / ".vrl" / "HEAD").is_file() and not (self.root / "HEAD").exists():
+            self.root = self.root / ".vrl"  # a repository's workspace: use its store
+        self._real_root = os.path.realpath(self.root)
         self.url = url or str(self.root)
         self.fsync = fsync
         self._locks = RefStore(self.root, fsync=fsync)
@@ -60,14 +72,36 @@ class LocalRemote(RemoteStore):
     def _p(self, key: str) -> Path:
         return self.root / key
 
+    def _inside(self, path: Path, key: str) -> None:
+        """Refuse a path that is, or lies under, a symbolic link: a remote never leads
+        reads or writes out of itself (a ref linked to ~/.ssh/id_rsa, objects/ linked to
+        /etc)."""
+        real = os.path.realpath(path)
+        if real != os.path.normpath(os.path.join(self._real_root, key)):
+            raise RemoteError(f"{key[:200]} on {self.url} is a symbolic link or lies under "
+                              "one; vrl never follows links out of a remote: remove it")
+
+    def _open_read(self, key: str) -> Any:
+        path = self._p(key)
+        try:
+            self._inside(path, key)
+            return open(path, "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise KeyMissing(key) from None
+
     def get(self, key: str) -> bytes:
-        with self.guard(f"reading {key}"):
-            try:
-                return self._p(key).read_bytes()
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                raise KeyMissing(key) from None
+        with self.guard(f"reading {key}"), self._open_read(key) as f:
+            return f.read()
+
+    def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
+        with self.guard(f"reading {key}"), self._open_read(key) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise too_large(key, self.url, limit, what)
+        return data
 
     def _write(self, final: Path, source: bytes | Path) -> None:
+        self._inside(final.parent, os.path.relpath(final.parent, self.root))  # before mkdir
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
         try:
@@ -101,8 +135,12 @@ class LocalRemote(RemoteStore):
         base = self._p(prefix)
         if not base.is_dir():
             return []
-        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
-                      if p.is_file() and not _is_temp(p.name))
+        out = []
+        for folder, _, files in os.walk(base):  # never descends into linked directories
+            for name in files:
+                if not _is_temp(name):
+                    out.append(Path(folder, name).relative_to(self.root).as_posix())
+        return sorted(out)
 
     def delete(self, key: str) -> None:
         with self.guard(f"deleting {key}"):
@@ -115,9 +153,22 @@ class LocalRemote(RemoteStore):
             return None, None
         return data, data
 
+    def state(self) -> str:
+        if not self.root.exists():
+            return "missing"
+        if not self.root.is_dir():
+            return "other"
+        if any((self.root / name).exists() for name in ("HEAD", "refs", "objects")):
+            return "store"
+        return "other" if any(self.root.iterdir()) else "empty"
+
+    def create(self, branch: str = "main") -> None:
+        with self.guard("creating the remote"):
+            self.root.mkdir(parents=True, exist_ok=True)
+        super().create(branch)
+
     def swap(self, key: str, data: bytes, expected: Any) -> None:
         with self.guard(f"updating {key}"):
-            self.root.mkdir(parents=True, exist_ok=True)
             with self._locks.lock(key, timeout=LOCK_TIMEOUT):
                 current, _ = self.read_versioned(key)
                 if current != expected:
@@ -164,6 +215,17 @@ class FsspecRemote(RemoteStore):
                 return self.fs.cat_file(self._p(key))
             except FileNotFoundError:
                 raise KeyMissing(key) from None
+
+    def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
+        with self.guard(f"reading {key}"):
+            try:
+                with self.fs.open(self._p(key), "rb") as f:
+                    data = f.read(limit + 1)
+            except FileNotFoundError:
+                raise KeyMissing(key) from None
+        if len(data) > limit:
+            raise too_large(key, self.url, limit, what)
+        return data
 
     def _temp_for(self, path: str) -> str:
         return f"{self._parent(path)}/.tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -230,14 +292,21 @@ class FsspecRemote(RemoteStore):
         self._makedirs(lock)
         deadline = time.monotonic() + LOCK_TIMEOUT
         delay = 0.005
+        vanished = 0
         while True:
             try:
                 with _CREATE_LOCK, self.fs.open(lock, "xb") as f:
                     f.write(f"{time.time():.3f} {socket.gethostname()} {os.getpid()}".encode())
                 break
             except Exception as exc:  # noqa: BLE001 - each fs reports "exists" differently
-                if not self.fs.exists(lock):
-                    raise exc
+                if not _looks_like_exists(exc) and not self.fs.exists(lock):
+                    # Either the holder released between our create and this check (a
+                    # race: retry), or the create fails for another reason (it keeps
+                    # failing with no lock there: report it).
+                    vanished += 1
+                    if vanished > 3:
+                        raise exc
+                    continue
             if self._break_stale(lock):
                 continue
             if time.monotonic() > deadline:
@@ -352,7 +421,8 @@ class S3Remote(FsspecRemote):
                     if code in ("PreconditionFailed", "ConditionalRequestConflict", "412",
                                 "409") or isinstance(exc, FileExistsError) or \
                             (expected and isinstance(exc, FileNotFoundError)):
-                        raise RefConflictError(f"{key} on {self.url} changed meanwhile") \
+                        raise RefConflictError(f"{key} on {redact(self.url)} changed "
+                                               "meanwhile") \
                             from None
                     raise
         finally:
@@ -365,14 +435,29 @@ SCHEMES = ("file", "memory", "s3", "ssh", "sftp", "gs", "gcs", "az", "abfs")
 _EXTRAS = {"s3": ("s3fs", "s3"), "ssh": ("sshfs", "ssh"), "sftp": ("sshfs", "ssh"),
            "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "az": ("adlfs", "azure"),
            "abfs": ("adlfs", "azure")}
-SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "access_key",
-                "private", "sas", "connection_string", "account_key")
+CREDENTIAL_HINT = ("vrl never stores credentials: use the backend's own mechanism (S3: "
+                   "AWS_PROFILE / -o profile=NAME, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                   "in the environment, or ~/.aws/credentials; SSH: an ssh-agent or a key, "
+                   "-o identity_file=PATH; GCS / Azure: gcloud / az login)")
+# `user:secret@` right after the scheme; `host:22/` is a port, not a secret.
+_URL_SECRET = re.compile(r"[^/@:]*:(?!\d*(?:/|$))[^@]*@")
+
+
+def embeds_secret(url: str) -> bool:
+    """True if a URL carries a password or secret key in its user part."""
+    if "://" not in url:  # scp-style user:pw@host:path
+        return bool(re.match(r"[^/@:]*:[^@]*@", url))
+    rest = url.split("://", 1)[1]
+    return bool(_URL_SECRET.match(rest)) or bool(urlsplit(url).password)
 
 
 def check_url(url: str) -> str:
     """Validate a remote URL without contacting it; return it unchanged."""
     if not url or url != url.strip() or any(c in url for c in "\n\r\t\x00"):
         raise RemoteConfigError(f"invalid remote URL {redact(url)!r}")
+    if embeds_secret(url):
+        raise RemoteConfigError(f"remote URL {redact(url)} embeds a credential; "
+                                + CREDENTIAL_HINT)
     if "://" not in url:
         if ":" in url.split("/", 1)[0] and not url.startswith(("/", ".", "~")):
             raise RemoteConfigError(
@@ -385,11 +470,6 @@ def check_url(url: str) -> str:
         raise RemoteConfigError(f"unsupported remote URL scheme {scheme + '://'!r} in "
                                 f"{redact(url)}; use a path or one of "
                                 + ", ".join(s + "://" for s in SCHEMES))
-    if parts.password:
-        raise RemoteConfigError(
-            f"remote URL {redact(url)} embeds a password; credentials are never stored "
-            "in vrl config: use the backend's own mechanism (SSH keys/agent, AWS profile "
-            "or env vars, ...)")
     if scheme in ("s3", "gs", "gcs", "az", "abfs") and not parts.netloc:
         raise RemoteConfigError(f"remote URL {redact(url)} has no bucket/container name")
     if scheme in ("ssh", "sftp"):
@@ -403,12 +483,14 @@ def check_url(url: str) -> str:
 
 
 def check_options(options: dict[str, str]) -> dict[str, str]:
-    for key in options:
-        if any(word in key.lower() for word in SECRET_WORDS):
-            raise RemoteConfigError(
-                f"option {key!r} looks like a credential; vrl never stores credentials in "
-                "its config: use the backend's standard mechanism (AWS_PROFILE / env vars, "
-                "SSH keys or agent, gcloud / az login)")
+    """Refuse credential-like options (by name, or a URL value with a password)."""
+    for key, value in options.items():
+        if is_secret_option(key):
+            raise RemoteConfigError(f"option {key!r} looks like a credential; "
+                                    + CREDENTIAL_HINT)
+        if embeds_secret(str(value)):
+            raise RemoteConfigError(f"option {key!r} embeds a credential in "
+                                    f"{redact(str(value))}; " + CREDENTIAL_HINT)
     return options
 
 

@@ -23,7 +23,7 @@ import blake3
 from vrl.errors import CorruptObjectError, RefConflictError, VrlError
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, parse_header
 from vrl.refs import short_ref
-from vrl.remote.base import KeyMissing, RemoteStore, object_key, redact
+from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, redact
 from vrl.remote.errors import NonFastForwardError, RemoteError, RemoteObjectMissingError
 from vrl.repo import Repo
 
@@ -127,9 +127,11 @@ def _verify(oid: ObjectId, raw: bytes, where: str, kind: str | None = None) -> s
     return got
 
 
-def _download(store: RemoteStore, oid: ObjectId, kind: str | None = None) -> bytes:
+def _download(store: RemoteStore, oid: ObjectId, kind: str | None = None,
+              limit: int | None = None, what: str = "object") -> bytes:
     try:
-        raw = store.get(object_key(oid))
+        raw = store.get_small(object_key(oid), limit, what) if limit else \
+            store.get(object_key(oid))
     except KeyMissing:
         raise RemoteObjectMissingError(f"object {oid[:12]} is missing on {redact(store.url)}"
                                        ) from None
@@ -176,10 +178,38 @@ def _full_ref(repo: Repo, name: str, like: str | None = None) -> str:
     raise VrlError(f"nothing to push called {name!r}: not a local branch or tag")
 
 
+def check_remote(store: RemoteStore, *, create: bool = False, branch: str = "main",
+                 doing: str = "push to") -> None:
+    """Refuse to treat a mistyped location as a remote: it must be a vrl remote already,
+    or (push only) be created on request (`create`) or be an empty directory."""
+    where = redact(store.url)
+    state = store.state()
+    if state == "store":
+        return
+    if state == "other":
+        raise RemoteError(f"cannot {doing} {where}: it is not a vrl remote (it holds other "
+                          "files); check the URL, or use a new or empty location")
+    if doing == "push to" and (create or state == "empty"):
+        store.create(branch)
+        return
+    if doing == "push to":
+        raise RemoteError(f"cannot push to {where}: no vrl remote there; check the URL, or "
+                          "pass --create (`vrl push --create`, or `vrl remote add --create`) "
+                          "to start a new remote there")
+    raise RemoteError(f"cannot {doing} {where}: " + (
+        "it is an empty directory, not a vrl remote" if state == "empty" else
+        "no vrl repository or remote there (nothing has been pushed)") + "; check the URL")
+
+
 def push(repo: Repo, store: RemoteStore, remote_name: str, refs: Iterable[str] = (), *,
          all_branches: bool = False, tags: bool = False, force: bool = False,
-         jobs: int = DEFAULT_JOBS, progress: Progress | None = None) -> TransferResult:
-    """Upload what the remote lacks, then move each remote ref by compare-and-swap."""
+         jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
+         create: bool = False) -> TransferResult:
+    """Upload what the remote lacks, then move each remote ref by compare-and-swap.
+
+    A remote that does not exist yet is created only with `create` (a typo must not
+    become a new store).
+    """
     progress = progress or NoProgress()
     result = TransferResult()
     where = redact(store.url)
@@ -201,6 +231,9 @@ def push(repo: Repo, store: RemoteStore, remote_name: str, refs: Iterable[str] =
             raise _diverged(remote_name, remote_ref, remote_tip, local_ref, tip, where,
                             repo.objects.has(remote_tip))
         plans.append((local_ref, remote_ref, tip, remote_tip, token, status))
+    if not any(p[3] for p in plans):  # none of our refs is there yet: is it a remote?
+        heads = [p[1] for p in plans if p[1].startswith("refs/heads/")]
+        check_remote(store, create=create, branch=short_ref(heads[0]) if heads else "main")
 
     pending = [p for p in plans if p[5] != "up-to-date"]
     if pending:
@@ -306,11 +339,13 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
             known |= {e.id for e in _manifest(repo, c).data_entries().values()}
     manifests = list(dict.fromkeys(repo.read_commit(c).manifest for c in commits))
     tensors: list[ObjectId] = []
+    tensor_sizes: dict[ObjectId, int] = {}
     for m in manifests:
         for entry in repo.read_manifest(m).data_entries().values():
             if entry.id not in known:
                 known.add(entry.id)
                 tensors.append(entry.id)
+                tensor_sizes[entry.id] = entry.nbytes
     # An interrupted push may have left some of these there: ask, and skip them.
     # A remote without refs holds at most leftovers of an interrupted push: list it.
     there = _remote_has(store, tensors + manifests + commits, jobs, prefer_list=not base)
@@ -318,7 +353,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
     new_commits = [c for c in commits if c not in there]
     missing_local = [o for o in data if not repo.objects.has(o)]
     if missing_local and repo.fetch_missing is not None:
-        repo.fetch_missing(missing_local)
+        repo.fetch_missing(missing_local, {o: ("tensor", tensor_sizes[o]) for o in missing_local
+                                           if o in tensor_sizes})
     for o in data:
         if not repo.objects.has(o):
             raise VrlError(f"object {o[:12]} is needed for the push but is not in this "
@@ -355,6 +391,7 @@ def _topo_order(commits: Iterable[ObjectId],
     members = set(commits)
     order: list[ObjectId] = []
     done: set[ObjectId] = set()
+    opened: set[ObjectId] = set()  # a cycle (impossible with intact hashes) cannot loop
     for start in sorted(members):
         stack: list[tuple[ObjectId, bool]] = [(start, False)]
         while stack:
@@ -365,6 +402,9 @@ def _topo_order(commits: Iterable[ObjectId],
                 done.add(oid)
                 order.append(oid)
                 continue
+            if oid in opened:
+                continue
+            opened.add(oid)
             stack.append((oid, True))
             stack.extend((p, False) for p in parents(oid) if p in members and p not in done)
     return order
@@ -373,42 +413,50 @@ def _topo_order(commits: Iterable[ObjectId],
 # ------------------------------------------------------------------------------ fetch
 
 
+MAX_COMMIT_BYTES = 16 << 20  # caps on metadata read from a remote (a real commit is KBs,
+MAX_MANIFEST_BYTES = 256 << 20  # a manifest ~200 bytes per tensor)
+
+
 def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bool = False,
           jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
           tags: bool = True) -> TransferResult:
-    """Download the remote's refs into refs/remotes/<name>/ and the objects we lack."""
+    """Download the remote's refs into refs/remotes/<name>/ and the objects we lack.
+
+    Objects already here are not trusted to be complete: the whole history behind the
+    remote's refs is walked, and any missing parent, manifest or tensor (e.g. deleted by
+    an interrupted `gc`) is fetched too; tensors are skipped only where that is explicit
+    (a metadata-only fetch or clone, or a snapshot pruned here). Every remote ref must
+    name a commit.
+    """
     progress = progress or NoProgress()
     result = TransferResult()
     remote_refs = store.list_refs()
-    tips = list(dict.fromkeys(remote_refs.values()))
-    commits = _fetch_commits(repo, store, tips, jobs)
-    manifests: dict[ObjectId, bytes] = {}
-    wanted_manifests = list(dict.fromkeys(Commit.from_bytes(raw[HEADER_SIZE:]).manifest
-                                          for raw in commits.values()))
-    wanted_manifests = [m for m in wanted_manifests if not repo.objects.has(m)]
-    for m, raw in zip(wanted_manifests,
-                      _pool_map(lambda m: _download(store, m, "manifest"), wanted_manifests,
-                                jobs), strict=True):
-        manifests[m] = raw
-    if not metadata_only:
-        tensor_ids: dict[ObjectId, int] = {}
-        for raw in commits.values():
-            mid = Commit.from_bytes(raw[HEADER_SIZE:]).manifest
-            manifest = Manifest.from_bytes(manifests[mid][HEADER_SIZE:]) if mid in manifests \
-                else repo.read_manifest(mid)
-            for entry in manifest.data_entries().values():
-                if entry.id not in tensor_ids and not repo.objects.has(entry.id):
-                    tensor_ids[entry.id] = entry.nbytes + HEADER_SIZE
-        fetch_objects(repo, store, list(tensor_ids), jobs=jobs, progress=progress,
-                      sizes=tensor_ids, result=result)
-    for m, raw in manifests.items():
+    if not remote_refs:
+        check_remote(store, doing="fetch from")
+    lazy = metadata_only or bool(repo.config.get("core", "partial"))
+    commits, new_commits = _walk_history(repo, store, remote_refs, jobs)
+    manifests, new_manifests = _complete_manifests(repo, store, commits, jobs)
+    _check_tensor_kinds(repo, manifests, set(commits) | set(manifests))
+    if not lazy:
+        pruned = repo.pruned()
+        wanted: dict[ObjectId, int] = {}
+        for oid, commit in commits.items():
+            if oid in pruned:
+                continue
+            for entry in manifests[commit.manifest].data_entries().values():
+                if entry.id not in wanted and not repo.objects.has(entry.id):
+                    wanted[entry.id] = entry.nbytes
+        fetch_objects(repo, store, list(wanted), jobs=jobs, progress=progress,
+                      sizes={o: n + HEADER_SIZE for o, n in wanted.items()}, result=result,
+                      expect={o: ("tensor", n) for o, n in wanted.items()})
+    for m, raw in new_manifests.items():
         _store_raw(repo, m, raw)
         result.objects["manifest"] += 1
         result.bytes += len(raw)
-    for c in _topo_order(commits, lambda o: Commit.from_bytes(commits[o][HEADER_SIZE:]).parents):
-        _store_raw(repo, c, commits[c])
+    for c in _topo_order(new_commits, lambda o: commits[o].parents):
+        _store_raw(repo, c, new_commits[c])
         result.objects["commit"] += 1
-        result.bytes += len(commits[c])
+        result.bytes += len(new_commits[c])
     repo.objects.sync()  # objects durable before refs point at them
     for ref, oid in remote_refs.items():
         if ref.startswith("refs/heads/"):
@@ -425,28 +473,99 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     return result
 
 
-def _fetch_commits(repo: Repo, store: RemoteStore, tips: list[ObjectId], jobs: int
-                   ) -> dict[ObjectId, bytes]:
-    """Download, wave by wave, every commit reachable from `tips` that we lack."""
-    got: dict[ObjectId, bytes] = {}
-    wave = [t for t in tips if not repo.objects.has(t)]
+def _walk_history(repo: Repo, store: RemoteStore, remote_refs: dict[str, ObjectId],
+                  jobs: int) -> tuple[dict[ObjectId, Commit], dict[ObjectId, bytes]]:
+    """Every commit behind the remote's refs, parsed, wave by wave: local ones read here
+    (their parents are checked too, never assumed), missing ones downloaded and verified.
+    Returns (all commits, raw bytes of the downloaded ones)."""
+    where = redact(store.url)
+    commits: dict[ObjectId, Commit] = {}
+    new: dict[ObjectId, bytes] = {}
+    named_by = {oid: f"remote ref {short_ref(ref)}" for ref, oid in remote_refs.items()}
+    wave = list(dict.fromkeys(remote_refs.values()))
     while wave:
-        raws = _pool_map(lambda c: _download(store, c, "commit"), wave, jobs)
-        nxt: list[ObjectId] = []
-        for oid, raw in zip(wave, raws, strict=True):
-            got[oid] = raw
-            for parent in Commit.from_bytes(raw[HEADER_SIZE:]).parents:
-                if parent not in got and not repo.objects.has(parent) and parent not in nxt:
-                    nxt.append(parent)
-        wave = nxt
-    return got
+        missing = [c for c in wave if not repo.objects.has(c)]
+        raws = dict(zip(missing, _pool_map(
+            lambda c: _download(store, c, limit=MAX_COMMIT_BYTES, what="commit"), missing,
+            jobs), strict=True))
+        for oid in wave:
+            if oid in raws:
+                kind, _ = parse_header(raws[oid])
+                payload = raws[oid][HEADER_SIZE:]
+            else:
+                kind, payload = repo.objects.read(oid)
+            if kind != "commit":
+                raise CorruptObjectError(f"{named_by.get(oid, 'object')} {oid[:12]} on {where} "
+                                         f"is a {kind}, not a commit; refusing it (nothing "
+                                         "was changed)")
+            try:
+                commits[oid] = Commit.from_bytes(payload)
+            except CorruptObjectError as exc:
+                raise CorruptObjectError(f"commit {oid[:12]} " + (f"from {where}" if oid in
+                                         raws else "here") + f" is damaged: {exc}") from None
+            if oid in raws:
+                new[oid] = raws[oid]
+        nxt: dict[ObjectId, None] = {}
+        for oid in wave:
+            for parent in commits[oid].parents:
+                if parent not in commits:
+                    nxt[parent] = None
+                    named_by.setdefault(parent, f"parent of {oid[:12]}")
+        wave = list(nxt)
+    return commits, new
+
+
+def _check_tensor_kinds(repo: Repo, manifests: dict[ObjectId, Manifest],
+                        metadata: set[ObjectId]) -> None:
+    """Every tensor a manifest names that is already here (or arriving as metadata) must
+    be a tensor of the size the manifest says: a forged manifest may name a commit."""
+    checked: set[ObjectId] = set()
+    for mid, manifest in manifests.items():
+        for entry in manifest.data_entries().values():
+            if entry.id in checked:
+                continue
+            checked.add(entry.id)
+            if entry.id in metadata:
+                kind, size = "commit or manifest", None
+            elif repo.objects.has(entry.id):
+                kind, size = repo.objects.kind_and_size(entry.id)
+            else:
+                continue
+            if kind != "tensor" or size != entry.nbytes:
+                raise CorruptObjectError(
+                    f"manifest {mid[:12]} names {entry.id[:12]} as a {entry.nbytes}-byte "
+                    f"tensor, but it is a {kind}" + (f" of {size} bytes" if size is not None
+                                                     else "") + "; refusing it")
+
+
+def _complete_manifests(repo: Repo, store: RemoteStore, commits: dict[ObjectId, Commit],
+                        jobs: int) -> tuple[dict[ObjectId, Manifest], dict[ObjectId, bytes]]:
+    """The manifest of every commit: local ones read, missing ones downloaded, each parsed
+    (which checks every tensor entry's shape, dtype and size agree)."""
+    where = redact(store.url)
+    wanted = list(dict.fromkeys(c.manifest for c in commits.values()))
+    missing = [m for m in wanted if not repo.objects.has(m)]
+    raws = dict(zip(missing, _pool_map(
+        lambda m: _download(store, m, "manifest", limit=MAX_MANIFEST_BYTES, what="manifest"),
+        missing, jobs), strict=True))
+    manifests: dict[ObjectId, Manifest] = {}
+    for m in wanted:
+        try:
+            manifests[m] = Manifest.from_bytes(raws[m][HEADER_SIZE:]) if m in raws \
+                else repo.read_manifest(m)
+        except VrlError as exc:
+            raise CorruptObjectError(f"manifest {m[:12]} " + (f"from {where}" if m in raws
+                                     else "here") + f" is damaged: {exc}") from None
+    return manifests, raws
 
 
 def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
                   jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
                   sizes: dict[ObjectId, int] | None = None,
-                  result: TransferResult | None = None) -> None:
-    """Download objects by id (verifying each before it is written)."""
+                  result: TransferResult | None = None,
+                  expect: dict[ObjectId, tuple[str, int]] | None = None) -> None:
+    """Download objects by id (verifying each before it is written; `expect` gives the
+    kind and payload size a manifest promised for some of them)."""
     progress = progress or NoProgress()
     ids = [o for o in dict.fromkeys(ids) if is_object_id(o) and not repo.objects.has(o)]
     if not ids:
@@ -455,7 +574,12 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
                    len(ids))
 
     def get(oid: ObjectId) -> int:
-        raw = _download(store, oid)
+        kind, nbytes = (expect or {}).get(oid, (None, None))
+        raw = _download(store, oid, kind)
+        if nbytes is not None and len(raw) - HEADER_SIZE != nbytes:
+            raise CorruptObjectError(f"{kind} {oid[:12]} from {redact(store.url)} has "
+                                     f"{len(raw) - HEADER_SIZE} bytes but its manifest says "
+                                     f"{nbytes}; nothing was written")
         _store_raw(repo, oid, raw)
         progress.advance(len(raw))
         return len(raw)
@@ -511,10 +635,21 @@ def clone(url: str, directory: str | Path | None = None, *, branch: str | None =
     A failed clone removes the directory it created.
     """
     from vrl.remote.config import add_remote, default_dir, open_named
+    from vrl.remote.stores import check_options, check_url, open_remote
 
+    check_url(url)
+    check_options(dict(options or {}))
+    if "://" not in url:  # the remote's config entry must not depend on the current directory
+        url = str(Path(url).expanduser().absolute())
     target = Path(directory or default_dir(url))
-    if target.exists() and any(target.iterdir()):
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise VrlError(f"destination {target} already exists and is not empty")
+    probe = open_remote(url, options)
+    try:  # before anything is created here: a typo must not leave a half-made clone
+        if probe.state() != "store":
+            check_remote(probe, doing="clone")
+    finally:
+        probe.close()
     created = not target.exists()
     try:
         repo = Repo.init(target, branch=branch or "main")
@@ -556,8 +691,11 @@ def _remote_default_branch(repo: Repo, store: RemoteStore, remote_name: str) -> 
                 for r in repo.refs.list(f"refs/remotes/{remote_name}/")]
     if not branches:
         return None
-    data, _ = store.read_versioned("HEAD")
-    text = (data or b"").decode("utf-8", "replace").strip()
+    try:
+        data = store.get_small("HEAD", MAX_REF_BYTES, "HEAD")
+    except KeyMissing:
+        data = b""
+    text = data.decode("utf-8", "replace").strip()
     if text.startswith("ref: refs/heads/") and text[16:] in branches:
         return text[16:]
     return "main" if "main" in branches else branches[0]
@@ -569,12 +707,13 @@ def _remote_default_branch(repo: Repo, store: RemoteStore, remote_name: str) -> 
 def install_lazy_fetcher(repo: Repo, remote_name: str, jobs: int = DEFAULT_JOBS) -> None:
     """Make missing objects download on demand from `remote_name` (partial clones)."""
 
-    def fetch_missing(ids: list[ObjectId]) -> None:
+    def fetch_missing(ids: list[ObjectId],
+                      expect: dict[ObjectId, tuple[str, int]] | None = None) -> None:
         from vrl.remote.config import open_named
 
         store = open_named(repo, remote_name)
         try:
-            fetch_objects(repo, store, list(ids), jobs=jobs)
+            fetch_objects(repo, store, list(ids), jobs=jobs, expect=expect)
         finally:
             store.close()
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from vrl.errors import CorruptObjectError, PrunedError, RefConflictError, VrlError
-from vrl.objects import ObjectId
+from vrl.objects import HEADER_SIZE, ObjectId
 from vrl.remote import add_remote, clone, fetch, open_named, pull, push
 from vrl.remote.base import KeyMissing, RemoteStore, object_key
 from vrl.remote.errors import NonFastForwardError, RemoteError
@@ -159,7 +159,7 @@ class RemoteConformance:
 
     def repo_with_remote(self, path: Path, remote: RemoteCase) -> Repo:
         repo = Repo.init(path)
-        add_remote(repo, "origin", remote.url, remote.options)
+        add_remote(repo, "origin", remote.url, remote.options, create=True)
         return repo
 
     def store(self, repo: Repo) -> RemoteStore:
@@ -385,3 +385,80 @@ class RemoteConformance:
             store.get(object_key("0" * 64))
         with pytest.raises(RefConflictError):
             store.cas_ref("refs/heads/x", ObjectId("1" * 64), "stale-token")
+
+    # -------------------------------------------------------------- trust (issue 9)
+    def test_fetch_repairs_history_a_killed_gc_truncated(self, tmp_path: Path,
+                                                         remote: RemoteCase) -> None:
+        src = self.repo_with_remote(tmp_path / "src", remote)
+        ids = make_history(src, 3)
+        push(src, self.store(src), "origin")
+        dst = clone(remote.url, tmp_path / "dst", options=remote.options)
+        # an interrupted gc deleted the oldest commit, its manifest and one of its tensors
+        first = dst.read_commit(ids[0])
+        gone_tensor = sorted(e.id for e in dst.read_manifest(first.manifest).tensors.values())[0]
+        for oid in (ids[0], first.manifest, gone_tensor):
+            dst.objects.delete(oid)
+        dst = Repo(dst.workdir)
+        assert not dst.fsck()["ok"]
+        new = make_history(src, 1, seed=7)[-1]
+        push(src, self.store(src), "origin")
+        result = fetch(dst, self.store(dst), "origin")
+        assert all(dst.objects.has(o) for o in (ids[0], first.manifest, gone_tensor))
+        assert result.objects["commit"] == 2 and result.objects["manifest"] == 2
+        assert dst.refs.read("refs/remotes/origin/main") == new
+        assert dst.fsck()["ok"]
+        assert_bit_exact(src, dst, ids[0])
+
+    def test_remote_ref_naming_a_tensor_is_refused(self, tmp_path: Path,
+                                                   remote: RemoteCase) -> None:
+        src = self.repo_with_remote(tmp_path / "src", remote)
+        make_history(src, 1)
+        push(src, self.store(src), "origin")
+        dst = clone(remote.url, tmp_path / "dst", options=remote.options)
+        manifest = src.read_manifest(src.read_commit(src.head()).manifest)
+        tensor = next(iter(manifest.tensors.values())).id
+        assert dst.objects.has(tensor)  # present here: nothing to download, still refused
+        store = self.store(src)
+        store.cas_ref("refs/heads/evil", tensor, None)
+        with pytest.raises(CorruptObjectError, match="evil .* is a tensor, not a commit"):
+            fetch(dst, self.store(dst), "origin")
+        assert dst.refs.read("refs/remotes/origin/evil") is None
+        with pytest.raises(CorruptObjectError, match="not a commit"):
+            clone(remote.url, tmp_path / "dst2", options=remote.options)
+        assert not (tmp_path / "dst2").exists()
+        assert dst.fsck()["ok"]
+
+    def test_corrupted_object_fetched_on_demand_is_detected(self, tmp_path: Path,
+                                                            remote: RemoteCase) -> None:
+        src = self.repo_with_remote(tmp_path / "src", remote)
+        ids = make_history(src, 2)
+        push(src, self.store(src), "origin")
+        lazy = clone(remote.url, tmp_path / "lazy", options=remote.options,
+                     metadata_only=True)
+        manifest = src.read_manifest(src.read_commit(ids[0]).manifest)
+        bad = max(manifest.tensors.values(), key=lambda e: e.nbytes).id
+        store = self.store(src)
+        raw = bytearray(store.get(object_key(bad)))
+        raw[HEADER_SIZE] ^= 0x01  # one flipped bit in the tensor's bytes
+        store.put(object_key(bad), bytes(raw))
+        with pytest.raises(CorruptObjectError, match=bad):
+            lazy.load(ids[0])
+        assert not lazy.objects.has(bad)
+        assert lazy.fsck()["ok"]
+        raw[HEADER_SIZE] ^= 0x01  # the remote repaired: the same load now works
+        store.put(object_key(bad), bytes(raw))
+        assert_bit_exact(src, lazy, ids[0])
+
+    def test_push_to_nothing_needs_create(self, tmp_path: Path, remote: RemoteCase) -> None:
+        repo = Repo.init(tmp_path / "src")
+        add_remote(repo, "origin", remote.url, remote.options)
+        make_history(repo, 1)
+        with pytest.raises(RemoteError, match="--create"):
+            push(repo, self.store(repo), "origin")
+        assert self.store(repo).state() == "missing"
+        with pytest.raises(RemoteError, match="cannot clone"):
+            clone(remote.url, tmp_path / "dst", options=remote.options)
+        assert not (tmp_path / "dst").exists()
+        push(repo, self.store(repo), "origin", create=True)
+        assert self.store(repo).state() == "store"
+        assert clone(remote.url, tmp_path / "dst", options=remote.options).head() == repo.head()

@@ -394,27 +394,29 @@ def test_status_and_commit_after_damage_are_one_line_errors(tmp_path, capsys):
 
 
 def test_fsck_checks_manifest_consistency(tmp_path):
-    """A hand-made manifest whose tie points nowhere and whose entry names no object id:
-    both reported, neither stops fsck."""
+    """Hand-made manifests, one whose tie points nowhere and one whose entry names no
+    object id: both reported (each names its manifest), neither stops fsck."""
     from vrl.objects import Commit, Manifest, TensorEntry
 
     path = tmp_path / "repo"
     repo, ids = history(path, 1)
     good = repo.read_manifest(repo.read_commit(ids[0]).manifest).tensors["w"]
-    manifest = Manifest({"w": good,
-                         "v": TensorEntry(good.id, good.dtype, good.shape, good.nbytes, tie="x"),
-                         "u": TensorEntry("../../etc", good.dtype, good.shape, good.nbytes)},
-                        tree={})
-    mid = repo.objects.write("manifest", manifest.to_bytes())
-    cid = repo.objects.write("commit", Commit(manifest=mid, parents=(ids[0],), message="odd",
-                                              author="t", time="2026-01-01T00:00:00Z").to_bytes())
-    repo.refs.update("refs/heads/odd", cid)
+    bad = {"tie": TensorEntry(good.id, good.dtype, good.shape, good.nbytes, tie="x"),
+           "id": TensorEntry("../../etc", good.dtype, good.shape, good.nbytes)}
+    mids = {}
+    for what, entry in bad.items():
+        mid = repo.objects.write("manifest", Manifest({"w": good, "v": entry}, tree={})
+                                 .to_bytes())
+        cid = repo.objects.write("commit", Commit(manifest=mid, parents=(ids[0],),
+                                                  message=what, author="t",
+                                                  time="2026-01-01T00:00:00Z").to_bytes())
+        repo.refs.update(f"refs/heads/odd-{what}", cid)
+        mids[what] = mid
     report = Repo(path).fsck()
-    found = {(e["kind"], e["where"]): e["message"] for e in report["errors"]}
-    assert set(found) == {("manifest", mid)} and len(report["errors"]) == 2
-    messages = sorted(e["message"] for e in report["errors"])
-    assert "tensor u names '../../etc', not an object id" in messages[0]
-    assert "tensor v is tied to 'x', which is not in the manifest" in messages[1]
+    found = {e["where"]: e["message"] for e in report["errors"] if e["kind"] == "manifest"}
+    assert set(found) == set(mids.values()) and len(report["errors"]) == 2
+    assert "id is not an object id" in found[mids["id"]]
+    assert "tensor 'v' is tied to a tensor that does not match it" in found[mids["tie"]]
 
 
 def test_reset_hard_and_checkout_when_the_writer_fails(tmp_path, capsys, monkeypatch):

@@ -1,6 +1,8 @@
-"""A Hypothesis state machine drives commit / branch / checkout / reset / tag / gc against a
-simple in-memory model of the expected history, and after every step checks that refs,
-`log`, the reflog-reachable set kept by `gc`, and every snapshot agree with the model."""
+"""A Hypothesis state machine drives commit / branch / checkout / reset / tag / gc / repack
+against a simple in-memory model of the expected history, and after every step checks that
+refs, `log`, the reflog-reachable set kept by `gc`, and every snapshot agree with the model.
+Commits write packs (their small tensors and manifest) and loose objects (64 KiB tensors,
+the commit); gc rewrites packs; repack merges them."""
 
 from __future__ import annotations
 
@@ -279,6 +281,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(Repo(self.dir).iter_commits()) == live, "gc kept or removed the wrong commits"
         for oid in set(m.commits) - live:
             del m.commits[oid]
+
+    @rule()
+    def repack(self):
+        """Merge every pack and small loose object (commits too) into one pack."""
+        self.repo.repack()
+        assert len(list((self.repo.vrl_dir / "objects" / "pack").glob("pack-*.pack"))) <= 1
 
     @rule()
     def reopen(self):

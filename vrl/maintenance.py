@@ -1,4 +1,4 @@
-"""Repository maintenance: retention (prune), reachability, gc and fsck.
+"""Repository maintenance: retention (prune), reachability, gc, repack and fsck.
 
 A mixin of `vrl.Repo`; it needs the repository's `objects`, `refs`, `config` and its
 commit/manifest readers.
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vrl.errors import ObjectNotFoundError, VrlError
-from vrl.object_store import discard, storage_error
+from vrl.object_store import discard
 from vrl.objects import Commit, Manifest, ObjectId, is_object_id
 
 if TYPE_CHECKING:
@@ -124,30 +124,21 @@ class Maintenance:
             self.refs.expire_logs()
         keep = self.reachable()
         cutoff = time.time() - grace
-        count = freed = 0
-        for oid in list(self.objects.ids()):
-            if oid in keep:
-                continue
-            path = self.objects.path(oid)
-            try:
-                st = path.stat()
-                # Re-checked just before deleting: a concurrent commit freshens the objects
-                # it reuses, and its new objects are young.
-                if st.st_mtime > cutoff:
-                    continue
-                if not dry_run:
-                    path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise storage_error(exc, self.vrl_dir, "deleting objects") from exc
-            count += 1
-            freed += st.st_size
+        # Each object's age is re-checked just before it goes: a concurrent commit freshens
+        # the objects (or packs) it reuses, and its new objects are young.
+        count, freed = self.objects.delete_many(
+            [o for o in self.objects.ids() if o not in keep], older_than=cutoff,
+            dry_run=dry_run)
         if not dry_run:
             for tmp, mtime in self.objects.temp_files():
                 if mtime < cutoff:
                     discard(tmp)
         return count, freed
+
+    def repack(self: Repo) -> tuple[int, int]:
+        """Merge all packs and small loose objects into one pack; return (objects packed,
+        files removed). Crash-safe: the new pack is durable before anything goes."""
+        return self.objects.repack()
 
     def fsck(self: Repo, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Re-hash every object and check every commit, manifest and ref."""
@@ -163,6 +154,7 @@ class Maintenance:
                 problems.append(f"corrupt object {oid}: {exc}")
             if progress:
                 progress(i + 1, len(ids))
+        problems += self.objects.check()  # packs: index, truncation, every object
         lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
             else False
         referenced: set[ObjectId] = set()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import getpass
 import heapq
-import mmap
 import os
 import re
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +32,6 @@ from vrl.errors import (
 from vrl.maintenance import Maintenance
 from vrl.object_store import FileObjectStore, storage_error
 from vrl.objects import (
-    HEADER_SIZE,
     Commit,
     Manifest,
     ObjectId,
@@ -78,6 +77,20 @@ def default_author(config: Config) -> str:
     return f"{name} <{email}>" if email else name
 
 
+_FETCHER_INSTALLERS: list[Callable[[Repo], None]] = []
+_OPEN_REPOS: weakref.WeakSet[Repo] = weakref.WeakSet()
+
+
+def register_fetchers(install: Callable[[Repo], None]) -> None:
+    """Call `install(repo)` for every repository open now or opened later; it may set
+    `repo.fetch_missing` and `repo.fetch_pruned`. `vrl.remote` registers itself this way
+    when imported (the CLI imports it), so the core needs no import of the remote layer."""
+    if install not in _FETCHER_INSTALLERS:
+        _FETCHER_INSTALLERS.append(install)
+        for repo in list(_OPEN_REPOS):
+            install(repo)
+
+
 class Repo(Maintenance, WorkspaceMixin):
     """A vrl repository (the `.vrl` directory and the workspace around it)."""
 
@@ -98,14 +111,15 @@ class Repo(Maintenance, WorkspaceMixin):
         # probe, entry). Lets an incremental commit skip re-hashing unchanged tensors.
         self._known: dict[tuple, tuple[int, bytes, TensorEntry]] = {}
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
-        # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
-        # remotes install a fetcher here.
+        # The remote layer installs these (see register_fetchers); the core never imports
+        # a transport. fetch_missing: download these ids now (partial clones).
+        # fetch_pruned: fetch a pruned snapshot's tensors from any remote that has them;
+        # True on success, else the names of the remotes tried ("" if none).
         self.fetch_missing: Callable[[list[ObjectId]], None] | None = None
-        promisor = self.config.get("core", "promisor")
-        if promisor:  # a partial clone: missing objects download from this remote on demand
-            from vrl.remote.transfer import install_lazy_fetcher
-
-            install_lazy_fetcher(self, promisor)
+        self.fetch_pruned: Callable[[list[ObjectId]], bool | str] | None = None
+        _OPEN_REPOS.add(self)
+        for install in _FETCHER_INSTALLERS:
+            install(self)
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -173,22 +187,18 @@ class Repo(Maintenance, WorkspaceMixin):
                 kind, payload = self.objects.read(entry.id)
             return tensor_from_buffer(payload, entry.dtype, entry.shape)
         try:
-            fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
-        except FileNotFoundError:
+            mapped = self.objects.map_payload(entry.id)
+        except ObjectNotFoundError:
             self._fetch_or_fail([entry])
-            fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_size != HEADER_SIZE + entry.nbytes:
-                raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
-                                         "wrong size; run `vrl fsck`")
-            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
-        if self.objects.verify_reads and hash_object("tensor", memoryview(mapped)[HEADER_SIZE:],
-                                                     threads=True) != entry.id:
+            mapped = self.objects.map_payload(entry.id)
+        if mapped.nbytes != entry.nbytes:
+            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
+                                     "wrong size; run `vrl fsck`")
+        if self.objects.verify_reads and hash_object("tensor", mapped, threads=True) != \
+                entry.id:
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
                                      "match its id (run `vrl fsck`)")
-        return tensor_from_buffer(mapped, entry.dtype, entry.shape, offset=HEADER_SIZE)
+        return tensor_from_buffer(mapped, entry.dtype, entry.shape)
 
     def _remember(self, oid: ObjectId, payload: bytes) -> None:
         """Keep small payloads just committed: the next commit's layer statistics read them
@@ -203,6 +213,11 @@ class Repo(Maintenance, WorkspaceMixin):
         if missing and self.fetch_missing is not None:
             self.fetch_missing(missing)
             missing = [m for m in missing if not self.objects.has(m)]
+        if missing and self.fetch_missing is None and self.config.get("core", "promisor"):
+            raise PrunedError(f"tensor data {missing[0][:12]} is not here yet: this is a "
+                              "partial clone, and objects download on demand only once the "
+                              "remote layer is loaded (`import vrl.remote`, as the vrl CLI "
+                              "does)")
         if missing:
             raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
                               "(pruned, cloned with --metadata-only, or lost: `vrl fsck` "
@@ -271,18 +286,13 @@ class Repo(Maintenance, WorkspaceMixin):
                             "(see `vrl log` and `vrl branch`)")
 
     def _commits_with_prefix(self, prefix: str) -> list[ObjectId]:
-        folder = self.objects.root / prefix[:2]
-        if not folder.is_dir():
-            return []
         out = []
-        for f in folder.iterdir():
-            if f.name.startswith(prefix[2:]) and is_object_id(prefix[:2] + f.name):
-                oid = ObjectId(prefix[:2] + f.name)
-                try:
-                    if self.objects.kind_and_size(oid)[0] == "commit":
-                        out.append(oid)
-                except VrlError:
-                    continue
+        for oid in self.objects.ids_with_prefix(prefix):
+            try:
+                if self.objects.kind_and_size(oid)[0] == "commit":
+                    out.append(oid)
+            except VrlError:
+                continue
         return sorted(out)
 
     # ------------------------------------------------------------------ snapshots
@@ -417,7 +427,8 @@ class Repo(Maintenance, WorkspaceMixin):
         except PrunedError:
             if oid not in self.pruned():
                 raise
-            tried = self._fetch_from_remotes(manifest)
+            tried = self.fetch_pruned([e.id for e in manifest.tensors.values()]) \
+                if self.fetch_pruned is not None else ""
             if tried is True:
                 return self.load_manifest(manifest, unflatten)
             where = f"no configured remote ({tried}) has it" if tried else \
@@ -425,29 +436,6 @@ class Repo(Maintenance, WorkspaceMixin):
             raise PrunedError(f"snapshot {oid[:12]} was pruned by retention (its commit, "
                               "metrics and layer statistics are kept, its tensors were "
                               f"dropped); {where}") from None
-
-    def _fetch_from_remotes(self, manifest: Manifest) -> bool | str:
-        """Fetch a pruned snapshot's tensors from the first remote that has them.
-
-        Returns True on success, else the names of the remotes tried ("" if none).
-        """
-        from vrl.remote.config import open_named, remotes
-        from vrl.remote.transfer import fetch_objects
-
-        names = list(remotes(self))
-        for name in names:
-            missing = [e.id for e in manifest.tensors.values() if not self.objects.has(e.id)]
-            try:
-                store = open_named(self, name)
-                try:
-                    fetch_objects(self, store, missing)
-                finally:
-                    store.close()
-            except VrlError:
-                continue
-            if all(self.objects.has(e.id) for e in manifest.tensors.values()):
-                return True
-        return ", ".join(names)
 
     def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
         if unflatten is None:

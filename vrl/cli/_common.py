@@ -20,6 +20,8 @@ def pass_repo(func: Callable) -> Callable:
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import vrl.remote  # noqa: F401 - installs the fetchers into every repository opened
+
         return func(Repo("."), *args, **kwargs)
 
     return wrapper

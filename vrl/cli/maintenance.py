@@ -1,4 +1,4 @@
-"""Repository maintenance: gc and fsck."""
+"""Repository maintenance: gc, fsck, prune and repack."""
 
 from __future__ import annotations
 
@@ -80,4 +80,16 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
                "`vrl gc` to free their space")
 
 
-COMMANDS = [gc, fsck, prune]
+@click.command()
+@json_option
+@pass_repo
+def repack(repo: Repo, as_json: bool) -> None:
+    """Merge the packs of many commits (and small loose objects) into one pack."""
+    packed, removed = repo.repack()
+    if as_json:
+        echo_json({"objects": packed, "files_removed": removed})
+        return
+    click.echo(f"Packed {packed} objects into one pack ({removed} files replaced)")
+
+
+COMMANDS = [gc, fsck, prune, repack]

@@ -101,16 +101,19 @@ def _install_fault(fault: tuple[str, int] | None) -> None:
 
         vrl.refs.RefStore._append_log = append_log
     elif where in ("pack", "maint"):  # a pack durable in place, nothing after it done
-        real_pack = vrl.object_store.FileObjectStore.write_pack
+        # "pack": a commit's pack (before its ref moves); "maint": repack's or gc's new
+        # pack (before the files it replaces are removed)
+        method = "_register_pack" if where == "pack" else "write_pack"
+        real_method = getattr(vrl.object_store.FileObjectStore, method)
 
-        def write_pack(self, objects):
-            name = real_pack(self, objects)
+        def wrapper(self, *args):
+            result = real_method(self, *args)
             if due():
                 self.sync()
                 os._exit(99)
-            return name
+            return result
 
-        vrl.object_store.FileObjectStore.write_pack = write_pack
+        setattr(vrl.object_store.FileObjectStore, method, wrapper)
     else:
         raise ValueError(where)
 

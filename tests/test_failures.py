@@ -195,9 +195,9 @@ def test_write_error_at_every_object_write(tmp_path, monkeypatch, code, words):
     scratch = tmp_path / "scratch"
     Repo.init(scratch).commit(state, env=False)
     n = _count_write_calls(monkeypatch, scratch, small_state(1))
-    # one pack (2 small tensors and the manifest); the big tensor and the commit are loose
-    # files written in two chunks each (header, payload)
-    assert n == 5
+    # one pack (2 small tensors, the manifest and the commit) in one write; the big
+    # tensor is a loose file written in two chunks (header, payload)
+    assert n == 3
 
     head = Repo(path).commit(state, env=False)
     real = vrl.object_store._write_all
@@ -390,7 +390,7 @@ def test_damaged_commit_object(repo_with_history, capsys, how):
     assert main(["-C", str(path), "log"]) == 1
     one_line_error(capsys)
     assert main(["-C", str(path), "fsck"]) == 1
-    assert ids[-1] in capsys.readouterr().out
+    assert ids[-1][:12] in capsys.readouterr().out  # a truncated pack: "ref ... points to"
     # the rest of the history is intact
     assert [e.id for e in Repo(path).log(ids[-2])] == ids[-2::-1]
 
@@ -433,7 +433,7 @@ def test_missing_objects(repo_with_history, capsys):
     capsys.readouterr()
 
     # a missing commit: the one a branch points at
-    _object_path(repo, ids[-1]).unlink()
+    repo.objects.delete(ids[-1])  # from its pack
     assert main(["-C", str(path), "log"]) == 1
     assert ids[-1][:12] in one_line_error(capsys)
     report = Repo(path).fsck()

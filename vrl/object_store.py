@@ -240,10 +240,12 @@ class FileObjectStore(ObjectStore):
                     continue
                 if not gone:
                     self._index_pack(name)
-            if gone:
-                self._packed = {}
-                for name in self._packs:
-                    self._index_pack(name)
+            if gone:  # rebuilt aside: readers on other threads never see it half-built
+                packed: dict[ObjectId, tuple[str, int, int]] = {}
+                for name, entries in self._packs.items():
+                    for oid, (offset, length) in entries.items():
+                        packed[oid] = (name, offset, length)
+                self._packed = packed
 
     def _index_pack(self, name: str) -> None:
         for oid, (offset, length) in self._packs[name].items():
@@ -299,12 +301,20 @@ class FileObjectStore(ObjectStore):
 
     # ------------------------------------------------------------------ reading
     def has(self, oid: ObjectId) -> bool:
-        return oid in self._staged or os.path.isfile(self.fspath(oid)) or \
+        path = self.fspath(oid)
+        return oid in self._staged or path in self._inflight or os.path.isfile(path) or \
             self._locate(oid, force=False) is not None
+
+    def _loose(self, oid: ObjectId) -> str:
+        """The loose file path, once a batched write of it (if any) is in place."""
+        path = self.fspath(oid)
+        if path in self._inflight:
+            self.flush()
+        return path
 
     def read_raw(self, oid: ObjectId) -> bytes:
         try:
-            with open(self.fspath(oid), "rb") as f:
+            with open(self._loose(oid), "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return self._read_packed(oid)
@@ -323,15 +333,18 @@ class FileObjectStore(ObjectStore):
 
     def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
         try:
-            with open(self.fspath(oid), "rb") as f:
+            with open(self._loose(oid), "rb") as f:
                 return parse_header(f.read(HEADER_SIZE))
         except FileNotFoundError:
             return parse_header(self._read_packed(oid, HEADER_SIZE))
 
     def map_payload(self, oid: ObjectId) -> memoryview:
         """The payload memory-mapped copy-on-write (private: writes never reach the store)."""
+        staged = self._staged.get(oid)
+        if staged is not None:  # not on disk yet: a private copy
+            return memoryview(bytearray(staged[HEADER_SIZE:]))
         try:
-            fd = os.open(self.fspath(oid), os.O_RDONLY)
+            fd = os.open(self._loose(oid), os.O_RDONLY)
             offset, length = 0, None
         except FileNotFoundError:
             fd, offset, length = self._open_packed(oid)
@@ -509,30 +522,43 @@ class FileObjectStore(ObjectStore):
             yield
             ok = True
         finally:
-            self._batching = False
             staged, self._staged = self._staged, {}
-            self.flush()
-            if ok:
-                self._write_staged(staged)
+            try:
+                # the pack's fsync overlaps those of the big objects still in flight
+                packed = self._write_staged(staged) if ok else None
+            finally:
+                self._batching = False
+                self.flush()
+            if packed:
+                self._register_pack(*packed)
 
-    def _write_staged(self, staged: dict[ObjectId, bytes]) -> None:
+    def _write_staged(self, staged: dict[ObjectId, bytes]) -> tuple[str, pack.Entries] | None:
         if len(staged) < PACK_MIN_OBJECTS:
             for oid, raw in staged.items():
                 self.write_raw(self.fspath(oid), [raw], "object")
-            return
-        self.write_pack(staged.items())
+            return None
+        return self._write_pack_file(staged.items())
 
-    def write_pack(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]) -> str:
-        """Write (id, raw object bytes) pairs as one pack; return its file name."""
+    def _write_pack_file(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]
+                         ) -> tuple[str, pack.Entries]:
         name, chunks, entries = pack.build(objects)
         file = f"pack-{name}.pack"
         # one write call: the objects are small, and a syscall each cost more than the copy
         self.write_raw(f"{self._pack_dir}/{file}", [b"".join(chunks)], "a pack")
+        return file, entries
+
+    def _register_pack(self, file: str, entries: pack.Entries) -> None:
         with self._lock:
             self._bad_packs.pop(file, None)
             if file not in self._packs:
                 self._packs[file] = entries
                 self._index_pack(file)
+
+    def write_pack(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]) -> str:
+        """Write (id, raw object bytes) pairs as one pack, now; return its file name."""
+        file, entries = self._write_pack_file(objects)
+        self.flush()
+        self._register_pack(file, entries)
         return file
 
     def flush(self) -> None:
@@ -605,40 +631,36 @@ class FileObjectStore(ObjectStore):
         without the deleted objects crash-safely: the new pack is durable before the old
         one is removed (a crash in between leaves duplicates, never a loss).
         """
-        count = freed = 0
-        by_pack: dict[str, list[ObjectId]] = {}
-        self._refresh()
-        for oid in dict.fromkeys(ids):
+        wanted = set(ids)
+        freed: dict[ObjectId, int] = {}
+        for oid in sorted(wanted):
             path = self.fspath(oid)
             try:
                 st = os.stat(path)
                 if older_than is None or st.st_mtime <= older_than:
                     if not dry_run:
                         os.unlink(path)
-                    count += 1
-                    freed += st.st_size
+                    freed[oid] = st.st_size
             except FileNotFoundError:
                 pass
             except OSError as exc:
                 raise storage_error(exc, self.root.parent, "deleting objects") from exc
-            where = self._packed.get(oid)
-            if where is not None:
-                by_pack.setdefault(where[0], []).append(oid)
-        for name, drop in sorted(by_pack.items()):
-            path = f"{self._pack_dir}/{name}"
+        self._refresh()
+        # every pack holding one (a crash between a rewrite and the removal of the pack it
+        # replaced leaves an object in two packs)
+        for name, entries in sorted(self._packs.items()):
+            drop = [o for o in entries if o in wanted]
+            if not drop:
+                continue
             try:
-                mtime = os.stat(path).st_mtime_ns
+                mtime = os.stat(f"{self._pack_dir}/{name}").st_mtime_ns
             except FileNotFoundError:
                 continue
             if older_than is not None and mtime > older_than * 1e9:
                 continue
-            entries = self._packs.get(name, {})
-            gone = sum(entries[o][1] for o in drop)
-            if not dry_run and not self._rewrite_pack(name, set(drop), mtime):
-                continue
-            count += len(drop)
-            freed += gone
-        return count, freed
+            if dry_run or self._rewrite_pack(name, set(drop), mtime):
+                freed.update((o, entries[o][1]) for o in drop)
+        return len(freed), sum(freed.values())
 
     def _rewrite_pack(self, name: str, drop: set[ObjectId], mtime: int | None) -> bool:
         """Replace pack `name` by one without `drop`; False if it changed (was touched or

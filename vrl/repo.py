@@ -6,6 +6,7 @@ tag, reflog) stay fast. Tensor work imports them on first use.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import heapq
 import os
@@ -262,7 +263,10 @@ class Repo(Maintenance, WorkspaceMixin):
             return head
         if is_object_id(base):
             if not self.objects.has(ObjectId(base)) and self.fetch_missing is None:
-                raise RevisionError(f"unknown revision {rev!r}: no such commit")
+                try:  # says so when a damaged pack may have held it
+                    self.objects.kind_and_size(ObjectId(base))
+                except ObjectNotFoundError:
+                    raise RevisionError(f"unknown revision {rev!r}: no such commit") from None
             return ObjectId(base)
         if base and not any(c in base for c in " \t\n\x00"):
             for prefix in ("", "refs/", "refs/tags/", "refs/heads/", "refs/remotes/"):
@@ -380,37 +384,44 @@ class Repo(Maintenance, WorkspaceMixin):
 
         if optimizer is not None:
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
-        mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
-        threshold = self.threshold if threshold is None else threshold
-        env_info = env if isinstance(env, dict) else (envinfo.capture(self.workdir) if env
-                                                     else {})
-        for _ in range(COMMIT_RETRIES):
-            parent = self.refs.read(ref)
-            if parent and not allow_empty and self.read_commit(parent).manifest == mid:
-                raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
-                                     f"({parent[:12]}); use --allow-empty to commit anyway")
-            parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                if parent else None
-            stats = compare(parent_manifest, manifest, self.load_entry,
-                            known_objects=lambda oid: oid not in new_ids,
-                            threshold=threshold).to_json()
-            stats["parent"] = parent
-            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
-                            message=message, author=author or self.author,
-                            time=time or utc_now(), hparams=hparams or {},
-                            metrics=metrics or {}, env=env_info, step=step, stats=stats,
-                            meta=meta or {})
-            cid = self.objects.write("commit", commit.to_bytes())
-            self._commits[cid] = commit
-            self.objects.sync()  # everything durable before the ref points at it
-            try:
-                self.refs.update(ref, cid, expected=parent,
-                                 reason=f"commit: {message.splitlines()[0] if message else ''}")
-                return cid
-            except RefConflictError:
-                continue
-        raise RefConflictError(f"{short_ref(ref)} kept moving while committing (other "
-                               "processes are committing to it); retry")
+        # The snapshot's small objects and the (first) commit object go into one pack:
+        # a small-policy commit is one file and one fsync, plus its big tensors.
+        batch = contextlib.ExitStack()
+        batch.enter_context(self.objects.batch())
+        with batch:
+            mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
+            threshold = self.threshold if threshold is None else threshold
+            env_info = env if isinstance(env, dict) else \
+                (envinfo.capture(self.workdir) if env else {})
+            for _ in range(COMMIT_RETRIES):
+                parent = self.refs.read(ref)
+                if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                    raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
+                                         f"({parent[:12]}); use --allow-empty to commit "
+                                         "anyway")
+                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                    if parent else None
+                stats = compare(parent_manifest, manifest, self.load_entry,
+                                known_objects=lambda oid: oid not in new_ids,
+                                threshold=threshold).to_json()
+                stats["parent"] = parent
+                commit = Commit(manifest=mid, parents=(parent,) if parent else (),
+                                message=message, author=author or self.author,
+                                time=time or utc_now(), hparams=hparams or {},
+                                metrics=metrics or {}, env=env_info, step=step, stats=stats,
+                                meta=meta or {})
+                cid = self.objects.write("commit", commit.to_bytes())
+                self._commits[cid] = commit
+                batch.close()  # writes the pack (first attempt only; a no-op afterwards)
+                self.objects.sync()  # everything durable before the ref points at it
+                try:
+                    first_line = message.splitlines()[0] if message else ""
+                    self.refs.update(ref, cid, expected=parent, reason=f"commit: {first_line}")
+                    return cid
+                except RefConflictError:
+                    continue
+            raise RefConflictError(f"{short_ref(ref)} kept moving while committing (other "
+                                   "processes are committing to it); retry")
 
     @property
     def threshold(self) -> float:

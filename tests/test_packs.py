@@ -254,3 +254,19 @@ assert not bad, bad
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_stale_index_never_claims_an_object_gc_removed(tmp_path):
+    """A process whose pack index predates a gc must not believe (touch) an object that
+    the gc dropped with the old pack: it must write it again."""
+    path = tmp_path / "objects"
+    committer = FileObjectStore(path)
+    with committer.batch():
+        keep, drop = committer.write("tensor", b"keep"), committer.write("tensor", b"drop")
+    assert committer.has(drop)  # its index now lists the pack
+    os.utime(committer.locate(drop)[0], (1, 1))
+    assert FileObjectStore(path).delete_many([drop], older_than=100) == (1, HEADER_SIZE + 4)
+    assert not committer.touch(drop)
+    assert committer.write("tensor", b"drop") == drop
+    assert FileObjectStore(path).read(drop) == ("tensor", b"drop")
+    assert committer.read(keep) == ("tensor", b"keep")

@@ -585,11 +585,21 @@ class FileObjectStore(ObjectStore):
         return self._touch_packed(oid)
 
     def _touch_packed(self, oid: ObjectId) -> bool:
-        where = self._locate(oid, force=False)
-        if where is None:
-            return False
-        self._freshen(where[0])  # the whole pack looks young to gc: it keeps every object
-        return True
+        """Freshen the pack holding `oid` (the whole pack then looks young to gc, which
+        keeps every object in it); False if no pack holds it."""
+        for force in (False, True):
+            where = self._locate(oid, force=force)
+            if where is None:
+                return False
+            try:
+                os.utime(where[0])
+                return True
+            except FileNotFoundError:
+                # gc or repack replaced that pack: the object may be gone with it
+                self._refresh()
+            except OSError:
+                return True  # read-only: nothing can collect it either
+        return False
 
     @staticmethod
     def _freshen(path: str | Path) -> None:

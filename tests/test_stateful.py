@@ -271,10 +271,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.repo.delete_tag(name) == m.tags[name]
         m.move(f"tag:{name}", None)
 
-    @rule(expire_reflog=st.booleans())
-    def gc(self, expire_reflog):
+    @rule(expire_reflog=st.booleans(), other=st.booleans())
+    def gc(self, expire_reflog, other):
+        """`other`: another process collects, so this one's pack index goes stale."""
         m = self.model
-        self.repo.gc(grace=0, expire_reflog=expire_reflog)
+        (Repo(self.dir) if other else self.repo).gc(grace=0, expire_reflog=expire_reflog)
         if expire_reflog:
             m.logs.clear()
         live = m.live()
@@ -282,10 +283,10 @@ class StoreMachine(RuleBasedStateMachine):
         for oid in set(m.commits) - live:
             del m.commits[oid]
 
-    @rule()
-    def repack(self):
+    @rule(other=st.booleans())
+    def repack(self, other):
         """Merge every pack and small loose object (commits too) into one pack."""
-        self.repo.repack()
+        (Repo(self.dir) if other else self.repo).repack()
         assert len(list((self.repo.vrl_dir / "objects" / "pack").glob("pack-*.pack"))) <= 1
 
     @rule()

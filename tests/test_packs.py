@@ -270,3 +270,26 @@ def test_a_stale_index_never_claims_an_object_gc_removed(tmp_path):
     assert committer.write("tensor", b"drop") == drop
     assert FileObjectStore(path).read(drop) == ("tensor", b"drop")
     assert committer.read(keep) == ("tensor", b"keep")
+
+
+def test_commits_merge_their_packs_every_auto_merge_commits(tmp_path, monkeypatch):
+    import vrl.object_store
+
+    monkeypatch.setattr(vrl.object_store, "AUTO_MERGE", 4)
+    repo = Repo.init(tmp_path / "repo")
+    ids = [repo.commit(state(i), env=False) for i in range(3)]
+    assert len(pack_files(repo)) == 3
+    ids.append(repo.commit(state(3), env=False))  # the 4th small pack: merged into one
+    assert len(pack_files(repo)) == 1
+    ids += [repo.commit(state(i), env=False) for i in range(4, 6)]
+    assert len(pack_files(repo)) == 3  # the merged one (still small), and 2 new
+    ids.append(repo.commit(state(6), env=False))
+    assert len(pack_files(repo)) == 1
+    fresh = Repo(repo.workdir, verify=True)
+    for i, cid in enumerate(ids):
+        assert_same(state(i), fresh.load(cid))
+    assert fresh.fsck()["ok"]
+    monkeypatch.setattr(vrl.object_store, "MERGED_MAX", 1)  # every pack counts as big
+    for i in range(7, 11):
+        repo.commit(state(i), env=False)
+    assert len(pack_files(repo)) == 5  # big packs are never merged again

@@ -165,6 +165,8 @@ PACK_MAX = 1 << 16
 pack. It equals `repo.MMAP_MIN`: bigger tensors stay loose files, memory-mapped on restore
 (no copy, no read of bytes never touched)."""
 PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
+AUTO_MERGE = 32  # this many packs below MERGED_MAX are merged after a commit
+MERGED_MAX = 8 << 20
 
 
 class FileObjectStore(ObjectStore):
@@ -728,6 +730,27 @@ class FileObjectStore(ObjectStore):
                         loose.append(ObjectId(oid))
         if len(packs) + len(loose) < 2 or (len(packs) == 1 and not loose):
             return len(self._packed), 0
+        return self._merge(packs, loose)
+
+    def consolidate(self) -> int:
+        """Bound the number of packs a reader must index (one per commit otherwise): once
+        AUTO_MERGE packs below MERGED_MAX bytes exist, merge them into one. Bigger packs
+        are left alone, so the work stays proportional to what is new. Returns the number
+        of packs merged (0 if nothing was due)."""
+        self._refresh(force=False)
+        small = []
+        for name in sorted(self._packs):
+            try:
+                if os.stat(f"{self._pack_dir}/{name}").st_size < MERGED_MAX:
+                    small.append(name)
+            except FileNotFoundError:
+                continue
+        if len(small) < AUTO_MERGE:
+            return 0
+        self._merge(small, [])
+        return len(small)
+
+    def _merge(self, packs: list[str], loose: list[ObjectId]) -> tuple[int, int]:
         objects: dict[ObjectId, bytes] = {}
         for oid in loose:
             try:

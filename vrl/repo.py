@@ -417,9 +417,13 @@ class Repo(Maintenance, WorkspaceMixin):
                 try:
                     first_line = message.splitlines()[0] if message else ""
                     self.refs.update(ref, cid, expected=parent, reason=f"commit: {first_line}")
-                    return cid
                 except RefConflictError:
                     continue
+                try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
+                    self.objects.consolidate()
+                except VrlError:
+                    pass  # the commit is done; the next one tries again
+                return cid
             raise RefConflictError(f"{short_ref(ref)} kept moving while committing (other "
                                    "processes are committing to it); retry")
 

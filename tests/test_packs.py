@@ -293,3 +293,27 @@ def test_commits_merge_their_packs_every_auto_merge_commits(tmp_path, monkeypatc
     for i in range(7, 11):
         repo.commit(state(i), env=False)
     assert len(pack_files(repo)) == 5  # big packs are never merged again
+
+
+def test_push_sends_packed_objects_and_fetch_packs_what_it_gets(tmp_path):
+    from vrl.remote import add_remote, clone, open_named, push
+
+    src = Repo.init(tmp_path / "src")
+    ids = [src.commit(state(i), env=False) for i in range(3)]
+    add_remote(src, "origin", str(tmp_path / "remote"))
+    store = open_named(src, "origin")
+    try:
+        push(src, store, "origin", ["main"])
+    finally:
+        store.close()
+    remote_files = [p for p in (tmp_path / "remote" / "objects").rglob("*") if p.is_file()]
+    assert len(remote_files) == len(set(src.objects.ids()))  # each object, byte-exact
+    for f in remote_files:
+        assert f.read_bytes() == src.objects.read_raw(f.parent.name + f.name)
+    dst = clone(str(tmp_path / "remote"), tmp_path / "dst", checkout=False)
+    small = [o for o in dst.objects.ids() if dst.objects.kind_and_size(o)[1] < PACK_MAX]
+    assert small and all(dst.objects.loose_path(o) is None for o in small)
+    assert len(pack_files(dst)) == 2  # the tensors, then the manifests and commits
+    for i, cid in enumerate(ids):
+        assert_same(state(i), dst.load(cid))
+    assert dst.fsck()["ok"]

@@ -405,14 +405,16 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
                     tensor_ids[entry.id] = entry.nbytes + HEADER_SIZE
         fetch_objects(repo, store, list(tensor_ids), jobs=jobs, progress=progress,
                       sizes=tensor_ids, result=result)
-    for m, raw in manifests.items():
-        _store_raw(repo, m, raw)
-        result.objects["manifest"] += 1
-        result.bytes += len(raw)
-    for c in _topo_order(commits, lambda o: Commit.from_bytes(commits[o][HEADER_SIZE:]).parents):
-        _store_raw(repo, c, commits[c])
-        result.objects["commit"] += 1
-        result.bytes += len(commits[c])
+    with repo.objects.batch():  # one pack: every manifest and commit appear at once
+        for m, raw in manifests.items():
+            _store_raw(repo, m, raw)
+            result.objects["manifest"] += 1
+            result.bytes += len(raw)
+        for c in _topo_order(commits,
+                             lambda o: Commit.from_bytes(commits[o][HEADER_SIZE:]).parents):
+            _store_raw(repo, c, commits[c])
+            result.objects["commit"] += 1
+            result.bytes += len(commits[c])
     repo.objects.sync()  # objects durable before refs point at them
     for ref, oid in remote_refs.items():
         if ref.startswith("refs/heads/"):
@@ -465,7 +467,8 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
         return len(raw)
 
     try:
-        got = _pool_map(get, ids, jobs)
+        with repo.objects.batch():  # the small ones land in one pack
+            got = _pool_map(get, ids, jobs)
     finally:
         progress.end()
     repo.objects.sync()

@@ -317,3 +317,39 @@ def test_push_sends_packed_objects_and_fetch_packs_what_it_gets(tmp_path):
     for i, cid in enumerate(ids):
         assert_same(state(i), dst.load(cid))
     assert dst.fsck()["ok"]
+
+
+def test_reuse_from_an_old_pack_writes_the_object_again(tmp_path):
+    """Freshening an old pack would revive every unreachable object in it, racing a
+    concurrent gc: a reused object from a pack older than half the grace period is written
+    again into the new pack instead, and the old pack keeps its age."""
+    store = FileObjectStore(tmp_path / "objects", fresh_for=60)
+    with store.batch():
+        old, other = store.write("tensor", b"old"), store.write("tensor", b"other")
+    path = store.locate(old)[0]
+    os.utime(path, (1, 1))
+    assert not store.touch(old)
+    with store.batch():
+        store.write("tensor", b"old")
+        store.write("tensor", b"new")
+    assert path.stat().st_mtime == 1
+    assert store.locate(old)[0] != path or len(store.packs()) == 2
+    assert store.delete_many([other], older_than=100) == (1, HEADER_SIZE + 5)
+    assert FileObjectStore(tmp_path / "objects").read(old) == ("tensor", b"old")
+    os.utime(store.locate(old)[0])  # a young pack is simply freshened
+    assert store.touch(old)
+
+
+def test_gc_keeps_what_a_young_unreachable_commit_reaches(tmp_path):
+    repo = Repo.init(tmp_path / "repo")
+    repo.commit(state(0), env=False)
+    first = repo.commit(state(1), env=False, ref="refs/heads/tmp")
+    for p in pack_files(repo):
+        os.utime(p, (1, 1))  # main's and tmp's first snapshot: long ago
+    second = repo.commit(state(2), env=False, ref="refs/heads/tmp")  # young
+    repo.refs.update("refs/heads/tmp", None, reason="test")
+    repo.gc(grace=600, expire_reflog=True)
+    fresh = Repo(repo.workdir)
+    assert_same(state(1), fresh.load(first))  # kept: the young commit reaches it
+    assert fresh.fsck()["ok"]
+    assert fresh.read_commit(second).parents == (first,)

@@ -93,6 +93,10 @@ class Maintenance:
             for name in self.refs.all_logs():
                 for entry in self.refs.reflog(name):
                     roots.update(x for x in (entry.old, entry.new) if x)
+        return self._closure(roots)
+
+    def _closure(self: Repo, roots: set[ObjectId]) -> set[ObjectId]:
+        """`roots` (commits) and every object they reach."""
         seen: set[ObjectId] = set()
         pruned = self.pruned()
         stack = list(roots)
@@ -124,6 +128,11 @@ class Maintenance:
             self.refs.expire_logs()
         keep = self.reachable()
         cutoff = time.time() - grace
+        # As git does: what a young unreachable commit reaches is kept with it. (A packed
+        # commit is as young as its pack, which a reuse of any object in it freshens; its
+        # parent, alone in an older pack, must not go first and leave it broken.)
+        keep |= self._closure({o for o in self.objects.ids()
+                               if o not in keep and _young_commit(self, o, cutoff)})
         # Each object's age is re-checked just before it goes: a concurrent commit freshens
         # the objects (or packs) it reuses, and its new objects are young.
         count, freed = self.objects.delete_many(
@@ -217,3 +226,11 @@ class Maintenance:
                     yield oid
             except VrlError:
                 continue
+
+
+def _young_commit(repo: Repo, oid: ObjectId, cutoff: float) -> bool:
+    try:
+        return repo.objects.mtime(oid) > cutoff and \
+            repo.objects.kind_and_size(oid)[0] == "commit"
+    except (VrlError, OSError):  # gone meanwhile
+        return False

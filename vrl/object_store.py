@@ -15,6 +15,7 @@ import mmap
 import os
 import secrets
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -174,10 +175,14 @@ class FileObjectStore(ObjectStore):
     `pack/pack-<name>.pack`. The packs' indexes are kept in memory and re-read when the
     pack directory changes (another process committed, repacked or collected garbage)."""
 
-    def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False) -> None:
+    def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False,
+                 fresh_for: float = 1800.0) -> None:
         self.root = Path(root)
         self._root = os.fspath(self.root)
         self._pack_dir = f"{self._root}/pack"
+        # A reused object in a pack younger than this is kept alive by freshening the pack;
+        # from an older pack it is written again instead (see _touch_packed).
+        self.fresh_for = fresh_for
         self.fsync = fsync
         self.verify_reads = verify_reads
         self._dirty_dirs: set[str] = set()
@@ -588,12 +593,19 @@ class FileObjectStore(ObjectStore):
 
     def _touch_packed(self, oid: ObjectId) -> bool:
         """Freshen the pack holding `oid` (the whole pack then looks young to gc, which
-        keeps every object in it); False if no pack holds it."""
+        keeps every object in it); False if no pack holds it, or only an old one.
+
+        An old pack may be mid-collection by a concurrent gc, and freshening it would also
+        revive the unreachable objects in it (e.g. a commit whose parent, in another old
+        pack, goes): the caller writes the object again instead, which for a small object
+        costs next to nothing."""
         for force in (False, True):
             where = self._locate(oid, force=force)
             if where is None:
                 return False
             try:
+                if os.stat(where[0]).st_mtime < time.time() - self.fresh_for:
+                    return False
                 os.utime(where[0])
                 return True
             except FileNotFoundError:

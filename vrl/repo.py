@@ -104,7 +104,8 @@ class Repo(Maintenance, WorkspaceMixin):
         verify = self.config.getbool("core", "verify") if verify is None else verify
         self.author = default_author(self.config)
         self.objects = FileObjectStore(self.vrl_dir / "objects", fsync=fsync,
-                                       verify_reads=verify)
+                                       verify_reads=verify,
+                                       fresh_for=self.config.getfloat("gc", "grace") / 2)
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
         self._commits: dict[ObjectId, Commit] = {}
         self._manifests: dict[ObjectId, Manifest] = {}

@@ -223,6 +223,8 @@ def test_repack_cli_and_json(history, capsys):
     assert "Packed" in capsys.readouterr().out
     assert main(["-C", str(repo.workdir), "repack", "--json"]) == 0
     assert '"files_removed": 0' in capsys.readouterr().out
+    assert main(["-C", str(repo.workdir), "repack"]) == 0
+    assert capsys.readouterr().out.startswith("Nothing to repack")
     assert Repo(repo.workdir).fsck()["ok"]
 
 

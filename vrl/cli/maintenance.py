@@ -89,7 +89,10 @@ def repack(repo: Repo, as_json: bool) -> None:
     if as_json:
         echo_json({"objects": packed, "files_removed": removed})
         return
-    click.echo(f"Packed {packed} objects into one pack ({removed} files replaced)")
+    if removed:
+        click.echo(f"Packed {packed} objects into one pack ({removed} files replaced)")
+    else:
+        click.echo(f"Nothing to repack ({packed} objects already in one pack)")
 
 
 COMMANDS = [gc, fsck, prune, repack]

@@ -100,6 +100,20 @@ def _install_fault(fault: tuple[str, int] | None) -> None:
             real_log(self, *args)
 
         vrl.refs.RefStore._append_log = append_log
+    elif where in ("pack", "maint"):  # a pack durable in place, nothing after it done
+        # "pack": a commit's pack (before its ref moves); "maint": repack's or gc's new
+        # pack (before the files it replaces are removed)
+        method = "_register_pack" if where == "pack" else "write_pack"
+        real_method = getattr(vrl.object_store.FileObjectStore, method)
+
+        def wrapper(self, *args):
+            result = real_method(self, *args)
+            if due():
+                self.sync()
+                os._exit(99)
+            return result
+
+        setattr(vrl.object_store.FileObjectStore, method, wrapper)
     else:
         raise ValueError(where)
 
@@ -118,6 +132,16 @@ def committer(path: str, first_seed: int, conn, fault=None, gc_every: int = 0) -
         if gc_every and seed % gc_every == 0:
             repo.gc(grace=0)  # removes the orphans of earlier crashes
         seed += 1
+
+
+def maintainer(path: str, first_seed: int, conn, fault=None, gc_every: int = 0) -> None:
+    """Repack and collect garbage (packs rewritten) over and over until killed."""
+    repo = Repo(path)
+    _install_fault(fault)
+    conn.send(READY)
+    while True:
+        repo.repack()
+        repo.gc(grace=0)
 
 
 # ------------------------------------------------------------------------ parent side
@@ -140,12 +164,13 @@ def _drain(conn) -> list[tuple[int, str]]:
 
 
 def run_child(ctx, path: Path, first_seed: int, *, kill_after: float | None = None,
-              fault=None, gc_every: int = 0) -> tuple[list[tuple[int, str]], int]:
-    """Start a committer; SIGKILL it `kill_after` seconds after it is ready (or let an
-    injected fault end it). Return what it reported and its exit code."""
+              fault=None, gc_every: int = 0, target=committer
+              ) -> tuple[list[tuple[int, str]], int]:
+    """Start a committer (or `target`); SIGKILL it `kill_after` seconds after it is ready
+    (or let an injected fault end it). Return what it reported and its exit code."""
     parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=committer, args=(str(path), first_seed, child_conn, fault,
-                                               gc_every), daemon=True)
+    proc = ctx.Process(target=target, args=(str(path), first_seed, child_conn, fault,
+                                            gc_every), daemon=True)
     proc.start()
     child_conn.close()
     try:
@@ -215,7 +240,7 @@ def test_sigkill_at_random_points(tmp_path, ctx):
 
 
 @pytest.mark.parametrize("where,calls", [("object", range(1, 40, 3)), ("ref", range(1, 5)),
-                                         ("reflog", range(1, 5))])
+                                         ("reflog", range(1, 5)), ("pack", range(1, 4))])
 def test_injected_crash_inside_write_path(tmp_path, ctx, where, calls):
     """Deterministic crash points: the k-th object chunk written half-way, a ref's temp
     file written but not renamed (lock held), a reflog append (lock held)."""
@@ -231,7 +256,7 @@ def test_injected_crash_inside_write_path(tmp_path, ctx, where, calls):
         assert len(history) == len(committed)
     # every crash left the lock behind: the next commit must still go through
     locks = list((path / ".vrl").rglob("*.lock"))
-    if where != "object":
+    if where not in ("object", "pack"):
         assert locks, "the crash should have left a lock file behind"
     repo = Repo(path)
     start = time.monotonic()
@@ -289,3 +314,50 @@ def test_a_late_breaker_never_breaks_a_fresh_lock(tmp_path, ctx, monkeypatch):
                             staticmethod(lambda p: next(looks, None) or real(p)))
         refs._break_stale(lock)  # ... but re-checks under the break mutex
         assert lock.read_text() == fresh
+
+
+def _history_with_garbage(path: Path, committed: dict[int, str], rounds: int) -> None:
+    """Two more snapshots on main, and one on a branch that is deleted (gc's garbage)."""
+    repo = Repo(path)
+    for _ in range(rounds):
+        seed = _next_seed(path)
+        committed[seed] = repo.commit(make_state(seed), message=f"seed {seed}", step=seed,
+                                      env=False)
+    repo.commit(make_state(5000 + len(committed)), env=False, ref="refs/heads/tmp")
+    repo.refs.update("refs/heads/tmp", None, reason="test: garbage")
+
+
+def test_sigkill_during_repack_and_gc(tmp_path, ctx):
+    """gc rewrites packs without their unreachable objects and repack merges packs, each
+    killed at random points: nothing reachable may be lost."""
+    path = tmp_path / "repo"
+    Repo.init(path)
+    rng = random.Random(99)
+    committed: dict[int, str] = {}
+    for _ in range(10):
+        _history_with_garbage(path, committed, 2)
+        _, code = run_child(ctx, path, 0, kill_after=rng.uniform(0.0, 0.25),
+                            target=maintainer)
+        assert code == -signal.SIGKILL
+        check_repository(path, committed)
+    assert len(list((path / ".vrl/objects/pack").glob("pack-*.pack"))) >= 1
+
+
+@pytest.mark.parametrize("k", [1, 2], ids=["repack", "gc"])
+def test_injected_crash_between_new_pack_and_removal_of_the_old(tmp_path, ctx, k):
+    """The pack repack (k=1) or then gc (k=2, rewriting the merged pack without the
+    garbage) writes is durable, the files it replaces are not yet removed: duplicates,
+    never a loss; the next repack and gc clean up."""
+    path = tmp_path / "repo"
+    Repo.init(path)
+    committed: dict[int, str] = {}
+    for _ in range(3):
+        _history_with_garbage(path, committed, 2)
+    _, code = run_child(ctx, path, 0, fault=("maint", k), target=maintainer)
+    assert code == 99
+    check_repository(path, committed)
+    repo = Repo(path)
+    repo.repack()
+    repo.gc(grace=0)
+    assert len(list((path / ".vrl/objects/pack").glob("pack-*.pack"))) == 1
+    check_repository(path, committed)

@@ -347,14 +347,14 @@ def test_fsck_finds_corruption_and_missing_objects(repo):
     commits(repo, 2)
     assert repo.fsck()["ok"]
     victim = repo.read_manifest(repo.read_commit(repo.head()).manifest).tensors["a"].id
-    path = repo.objects.path(victim)
+    path, offset, length = repo.objects.locate(victim)  # a loose file or its pack
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
+    data[offset + length - 1] ^= 0xFF
     os.chmod(path, 0o644)
     path.write_bytes(bytes(data))
     report = repo.fsck()
     assert not report["ok"] and any("corrupt" in p for p in report["problems"])
-    path.unlink()
+    repo.objects.delete(victim)
     report = Repo(repo.workdir).fsck()
     assert any("missing" in p for p in report["problems"])
 

@@ -1,7 +1,9 @@
-"""A Hypothesis state machine drives commit / branch / checkout / reset / tag / prune / gc
-against a simple in-memory model of the expected history, and after every step checks that
-refs, `log`, the reflog-reachable set kept by `gc`, the pruned set, and every snapshot (or
-its refusal once pruning freed it) agree with the model."""
+"""A Hypothesis state machine drives commit / branch / checkout / reset / tag / prune / gc /
+repack against a simple in-memory model of the expected history, and after every step checks
+that refs, `log`, the reflog-reachable set kept by `gc`, the pruned set, and every snapshot
+(or its refusal once pruning freed it) agree with the model. Commits write packs (their
+small tensors and manifest) and loose objects (64 KiB tensors); gc rewrites packs; repack
+merges them."""
 
 from __future__ import annotations
 
@@ -327,10 +329,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.repo.delete_tag(name) == m.tags[name]
         m.move(f"tag:{name}", None)
 
-    @rule(expire_reflog=st.booleans())
-    def gc(self, expire_reflog):
+    @rule(expire_reflog=st.booleans(), other=st.booleans())
+    def gc(self, expire_reflog, other):
+        """`other`: another process collects, so this one's pack index goes stale."""
         m = self.model
-        self.repo.gc(grace=0, expire_reflog=expire_reflog)
+        (Repo(self.dir) if other else self.repo).gc(grace=0, expire_reflog=expire_reflog)
         if expire_reflog:
             m.logs.clear()
         live = m.live()
@@ -354,6 +357,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.repo.prune(keep_last=keep_last, refs=refs) == m.prune(keep_last, only)
         if then_gc:  # free at once, keeping the reflog: later steps meet freed snapshots
             self.gc(expire_reflog=False)
+
+    @rule(other=st.booleans())
+    def repack(self, other):
+        """Merge every pack and small loose object (commits too) into one pack."""
+        (Repo(self.dir) if other else self.repo).repack()
+        assert len(list((self.repo.vrl_dir / "objects" / "pack").glob("pack-*.pack"))) <= 1
 
     @rule()
     def reopen(self):

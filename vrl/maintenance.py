@@ -1,4 +1,4 @@
-"""Repository maintenance: retention (prune), reachability, gc and fsck.
+"""Repository maintenance: retention (prune), reachability, gc, repack and fsck.
 
 A mixin of `vrl.Repo`; it needs the repository's `objects`, `refs`, `config` and its
 commit/manifest readers.
@@ -6,7 +6,6 @@ commit/manifest readers.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -14,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
-from vrl.object_store import discard, storage_error
-from vrl.objects import Commit, Manifest, ObjectId, TensorEntry, is_object_id
+from vrl.object_store import discard
+from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, TensorEntry, is_object_id
 from vrl.refs import short_ref
 
 if TYPE_CHECKING:
@@ -199,8 +198,14 @@ class Maintenance:
         roots = set(tips)
         if include_reflog:
             roots |= self._reflog_roots(strict)
+        return self._closure(roots, tips)
+
+    def _closure(self: Repo, roots: set[ObjectId], tips: set[ObjectId] | None = None
+                 ) -> set[ObjectId]:
+        """`roots` (commits) and every object they reach; a pruned commit's tensors only
+        when it is one of `tips` (a ref keeps what it points to)."""
         seen: set[ObjectId] = set()
-        pruned = self.pruned() - tips
+        pruned = self.pruned() - (tips or set())
         stack = list(roots)
         while stack:
             oid = stack.pop()
@@ -231,14 +236,16 @@ class Maintenance:
                 raise GcBlockedError(f"{why}; gc cannot tell what it protects, so it deleted "
                                      "nothing")
 
-    def _unreachable(self: Repo, keep: set[ObjectId]) -> Iterator[tuple[Path, os.stat_result]]:
+    def _unreachable(self: Repo, keep: set[ObjectId]) -> Iterator[tuple[ObjectId, float, int]]:
+        """(id, mtime, size) of every object not in `keep` (a packed one has its pack's
+        mtime)."""
         for oid in list(self.objects.ids()):
             if oid in keep:
                 continue
-            path = self.objects.path(oid)
             try:
-                yield path, path.stat()
-            except FileNotFoundError:
+                yield oid, self.objects.mtime(oid), \
+                    HEADER_SIZE + self.objects.kind_and_size(oid)[1]
+            except (OSError, VrlError):
                 continue
 
     def gc(self: Repo, grace: float | None = None, dry_run: bool = False,
@@ -253,21 +260,16 @@ class Maintenance:
             self.refs.expire_logs()
         keep = self.reachable(strict=True)  # raises before anything is deleted
         cutoff = time.time() - grace
-        count = freed = 0
-        for path, st in self._unreachable(keep):
-            # Re-checked just before deleting: a concurrent commit freshens the objects
-            # it reuses, and its new objects are young.
-            try:
-                if path.stat().st_mtime > cutoff:
-                    continue
-                if not dry_run:
-                    path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise storage_error(exc, self.vrl_dir, "deleting objects") from exc
-            count += 1
-            freed += st.st_size
+        # As git does: what a young unreachable commit reaches is kept with it. (A packed
+        # commit is as young as its pack, which a reuse of any object in it freshens; its
+        # parent, alone in an older pack, must not go first and leave it broken.)
+        keep |= self._closure({o for o in self.objects.ids()
+                               if o not in keep and _young_commit(self, o, cutoff)})
+        # Each object's age is re-checked just before it goes: a concurrent commit freshens
+        # the objects (or packs) it reuses, and its new objects are young.
+        count, freed = self.objects.delete_many(
+            [o for o in self.objects.ids() if o not in keep], older_than=cutoff,
+            dry_run=dry_run)
         if not dry_run:
             for tmp, mtime in self.objects.temp_files():
                 if mtime < cutoff:
@@ -280,11 +282,16 @@ class Maintenance:
         grace = self.config.getfloat("gc", "grace") if grace is None else grace
         cutoff = time.time() - grace
         size, latest = 0, None
-        for _, st in self._unreachable(self.reachable()):
-            if st.st_mtime > cutoff:
-                size += st.st_size
-                latest = max(latest or 0.0, st.st_mtime + grace)
+        for _, mtime, nbytes in self._unreachable(self.reachable()):
+            if mtime > cutoff:
+                size += nbytes
+                latest = max(latest or 0.0, mtime + grace)
         return size, latest
+
+    def repack(self: Repo) -> tuple[int, int]:
+        """Merge all packs and small loose objects into one pack; return (objects packed,
+        files removed). Crash-safe: the new pack is durable before anything goes."""
+        return self.objects.repack()
 
     # ------------------------------------------------------------------ fsck
     def fsck(self: Repo, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -320,6 +327,8 @@ class Maintenance:
                 state.add("object", oid, f"corrupt object {oid}: {exc}")
             if state.progress:
                 state.progress(i + 1, len(ids))
+        for message in self.objects.check():  # packs: trailer, index, every object's bytes
+            state.add("pack", "objects/pack", message)
 
     def _fsck_commits(self: Repo, state: FsckState) -> None:
         """Connectivity and manifests: every commit's parents and manifest, and every
@@ -436,3 +445,11 @@ class Maintenance:
                     yield oid
             except VrlError:
                 continue
+
+
+def _young_commit(repo: Repo, oid: ObjectId, cutoff: float) -> bool:
+    try:
+        return repo.objects.mtime(oid) > cutoff and \
+            repo.objects.kind_and_size(oid)[0] == "commit"
+    except (VrlError, OSError):  # gone meanwhile
+        return False

@@ -2,22 +2,29 @@
 
 Writes are atomic (temp file, then rename into place), so an object is never visible
 half-written; `sync()` makes everything written so far durable before a ref points at it.
+Small objects written inside `batch()` go into one pack file (vrl/pack.py); everything
+else is a loose file `objects/ab/cdef...`. Callers never see the difference: they ask for
+objects by id.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import secrets
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import blake3
 
-from vrl.errors import CorruptObjectError, ObjectNotFoundError, StorageError
+from vrl import pack
+from vrl.errors import CorruptObjectError, ObjectNotFoundError, StorageError, VrlError
 from vrl.objects import HEADER_SIZE, ObjectId, hash_object, header, is_object_id, parse_header
 
 
@@ -55,6 +62,39 @@ class ObjectStore(ABC):
             raise CorruptObjectError(f"object {oid[:12]} is corrupted: its bytes do not match "
                                      "its id (run `vrl fsck`)")
         return kind
+
+    def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
+        kind, payload = self.read(oid)
+        return kind, len(payload)
+
+    def read_raw(self, oid: ObjectId) -> bytes:
+        """The object exactly as stored and hashed: 64-byte header + payload."""
+        kind, payload = self.read(oid)
+        return header(kind, len(payload)) + payload
+
+    def ids_with_prefix(self, prefix: str) -> list[ObjectId]:
+        return sorted(o for o in self.ids() if o.startswith(prefix))
+
+    def delete_many(self, ids: Iterable[ObjectId], older_than: float | None = None,
+                    dry_run: bool = False) -> tuple[int, int]:
+        """Delete objects (those written before `older_than`, a time.time(), if given);
+        return (count, bytes). Objects that are absent are skipped."""
+        count = size = 0
+        for oid in ids:
+            if self.has(oid):
+                count += 1
+                size += HEADER_SIZE + self.kind_and_size(oid)[1]
+                if not dry_run:
+                    self.delete(oid)
+        return count, size
+
+    def check(self) -> list[str]:
+        """Problems of the store's containers (packs) that per-object checks cannot see."""
+        return []
+
+    def repack(self) -> tuple[int, int]:
+        """Merge small objects into one pack; return (objects packed, files removed)."""
+        return 0, 0
 
 
 class MemoryObjectStore(ObjectStore):
@@ -119,12 +159,35 @@ def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
     return StorageError(f"I/O error while {doing} in {root}: {exc.strerror or exc}")
 
 
-class FileObjectStore(ObjectStore):
-    """Objects as files `objects/ab/cdef...` under a repository's `.vrl` directory."""
 
-    def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False) -> None:
+
+PACK_MAX = 1 << 16
+"""Objects with payloads smaller than this, written inside `batch()`, go into the batch's
+pack. It equals `repo.MMAP_MIN`: bigger tensors stay loose files, memory-mapped on restore
+(no copy, no read of bytes never touched)."""
+PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
+AUTO_MERGE = 32  # this many packs below MERGED_MAX are merged after a commit
+MERGED_MAX = 8 << 20
+
+
+def _check_kind(oid: ObjectId, got: str, wanted: str | None) -> None:
+    if wanted is not None and got != wanted:
+        raise CorruptObjectError(f"object {oid[:12]} is a {got}, not a {wanted}; run `vrl fsck`")
+
+
+class FileObjectStore(ObjectStore):
+    """Objects under a repository's `.vrl/objects`: loose files `ab/cdef...` and packs
+    `pack/pack-<name>.pack`. The packs' indexes are kept in memory and re-read when the
+    pack directory changes (another process committed, repacked or collected garbage)."""
+
+    def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False,
+                 fresh_for: float = 1800.0) -> None:
         self.root = Path(root)
         self._root = os.fspath(self.root)
+        self._pack_dir = f"{self._root}/pack"
+        # A reused object in a pack younger than this is kept alive by freshening the pack;
+        # from an older pack it is written again instead (see _touch_packed).
+        self.fresh_for = fresh_for
         self.fsync = fsync
         self.verify_reads = verify_reads
         self._dirty_dirs: set[str] = set()
@@ -132,24 +195,144 @@ class FileObjectStore(ObjectStore):
         self._batching = False
         self._pending: list[Future] = []
         self._inflight: set[str] = set()
+        self._staged: dict[ObjectId, bytes] = {}  # small objects of the open batch
+        self._lock = threading.Lock()  # guards the pack tables below
+        self._packs: dict[str, pack.Entries] = {}  # pack file name -> its index
+        self._bad_packs: dict[str, str] = {}  # pack file name -> why it cannot be used
+        self._packed: dict[ObjectId, tuple[str, int, int]] = {}  # id -> (pack, offset, len)
+        self._pack_dir_mtime: int | None = None
 
     def path(self, oid: ObjectId) -> Path:
+        """Where the object's loose file is (or would be); packed objects have none."""
         return Path(self.fspath(oid))
 
     def fspath(self, oid: ObjectId) -> str:
-        """The object's file path as a string (Path objects are slow in hot loops)."""
+        """The loose file path as a string (Path objects are slow in hot loops)."""
         if not is_object_id(oid):
             raise ObjectNotFoundError(f"{oid!r} is not an object id")
         return f"{self._root}/{oid[:2]}/{oid[2:]}"
 
+    def loose_path(self, oid: ObjectId) -> Path | None:
+        """The object's loose file, or None if it is packed or absent."""
+        path = self.fspath(oid)
+        return Path(path) if os.path.isfile(path) else None
+
+    # ------------------------------------------------------------------ pack tables
+    def _refresh(self, force: bool = True) -> None:
+        """Bring the in-memory pack indexes up to date with objects/pack/.
+
+        Unforced, it is skipped while the directory's mtime is unchanged; the mtime can
+        miss a change within one clock tick, so only `has()` (where a stale answer just
+        writes an object twice) uses that; reads that miss refresh for real.
+        """
+        try:
+            mtime = os.stat(self._pack_dir).st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        if not force and mtime == self._pack_dir_mtime:
+            return
+        try:
+            names = {n for n in os.listdir(self._pack_dir) if pack.pack_name(n)}
+        except FileNotFoundError:
+            names = set()
+        with self._lock:
+            self._pack_dir_mtime = mtime
+            known = set(self._packs) | set(self._bad_packs)
+            if names == known:
+                return
+            gone = known - names
+            for name in gone:
+                self._packs.pop(name, None)
+                self._bad_packs.pop(name, None)
+            for name in sorted(names - known):
+                try:
+                    self._packs[name] = pack.read_index(f"{self._pack_dir}/{name}")
+                except (CorruptObjectError, OSError) as exc:
+                    self._bad_packs[name] = str(exc)
+                    continue
+                if not gone:
+                    self._index_pack(name)
+            if gone:  # rebuilt aside: readers on other threads never see it half-built
+                packed: dict[ObjectId, tuple[str, int, int]] = {}
+                for name, entries in self._packs.items():
+                    for oid, (offset, length) in entries.items():
+                        packed[oid] = (name, offset, length)
+                self._packed = packed
+
+    def _index_pack(self, name: str) -> None:
+        for oid, (offset, length) in self._packs[name].items():
+            self._packed[oid] = (name, offset, length)
+
+    def _locate(self, oid: ObjectId, force: bool = True) -> tuple[str, int, int] | None:
+        """(pack path, offset, length) of a packed object, or None."""
+        where = self._packed.get(oid)
+        if where is None:
+            self._refresh(force)
+            where = self._packed.get(oid)
+            if where is None:
+                return None
+        return f"{self._pack_dir}/{where[0]}", where[1], where[2]
+
+    def _read_packed(self, oid: ObjectId, length: int | None = None) -> bytes:
+        """The raw bytes (or the first `length`) of a staged or packed object."""
+        staged = self._staged.get(oid)
+        if staged is not None:
+            return staged if length is None else staged[:length]
+        for attempt in range(2):
+            where = self._locate(oid)
+            if where is None:
+                break
+            path, offset, size = where
+            try:
+                with open(path, "rb") as f:
+                    raw = os.pread(f.fileno(), size if length is None else min(length, size),
+                                   offset)
+                return raw
+            except FileNotFoundError:  # repacked or collected meanwhile: look again
+                if attempt == 0:
+                    self._refresh()
+        raise self._not_found(oid)
+
+    def _not_found(self, oid: ObjectId) -> VrlError:
+        if self._bad_packs:  # it may well have been in the damaged pack
+            name, why = sorted(self._bad_packs.items())[0]
+            return CorruptObjectError(f"object {oid[:12]} not found, and pack {name} is "
+                                      f"damaged ({why}); run `vrl fsck`")
+        return ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}")
+
+    def locate(self, oid: ObjectId) -> tuple[Path, int, int]:
+        """(file, offset, length) of the object's bytes: its loose file, or its pack."""
+        path = self.fspath(oid)
+        try:
+            return Path(path), 0, os.stat(path).st_size
+        except FileNotFoundError:
+            where = self._locate(oid)
+            if where is None:
+                raise self._not_found(oid) from None
+            return Path(where[0]), where[1], where[2]
+
+    # ------------------------------------------------------------------ reading
     def has(self, oid: ObjectId) -> bool:
-        return os.path.isfile(self.fspath(oid))
+        path = self.fspath(oid)
+        return oid in self._staged or path in self._inflight or os.path.isfile(path) or \
+            self._locate(oid, force=False) is not None
+
+    def _loose(self, oid: ObjectId) -> str:
+        """The loose file path, once a batched write of it (if any) is in place."""
+        path = self.fspath(oid)
+        if path in self._inflight:
+            self.flush()
+        return path
+
+    def read_raw(self, oid: ObjectId) -> bytes:
+        try:
+            with open(self._loose(oid), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return self._read_packed(oid)
 
     def read(self, oid: ObjectId) -> tuple[str, bytes]:
-        try:
-            raw = self.path(oid).read_bytes()
-        except FileNotFoundError:
-            raise ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}") from None
+        raw = self.read_raw(oid)
         kind, size = parse_header(raw)
         payload = raw[HEADER_SIZE:]
         if len(payload) != size:
@@ -162,21 +345,126 @@ class FileObjectStore(ObjectStore):
 
     def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
         try:
-            with open(self.path(oid), "rb") as f:
+            with open(self._loose(oid), "rb") as f:
                 return parse_header(f.read(HEADER_SIZE))
         except FileNotFoundError:
-            raise ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}") from None
+            return parse_header(self._read_packed(oid, HEADER_SIZE))
 
+    def map_payload(self, oid: ObjectId, kind: str | None = None) -> memoryview:
+        """The payload memory-mapped copy-on-write (private: writes never reach the store);
+        with `kind`, an object of another kind is refused (a forged manifest may name it)."""
+        staged = self._staged.get(oid)
+        if staged is not None:  # not on disk yet: a private copy
+            _check_kind(oid, parse_header(bytes(staged[:HEADER_SIZE]))[0], kind)
+            return memoryview(bytearray(staged[HEADER_SIZE:]))
+        try:
+            fd = os.open(self._loose(oid), os.O_RDONLY)
+            offset, length = 0, None
+        except FileNotFoundError:
+            fd, offset, length = self._open_packed(oid)
+        try:
+            size = os.fstat(fd).st_size if length is None else length
+            if size < HEADER_SIZE:
+                raise CorruptObjectError(f"object {oid[:12]} is truncated; run `vrl fsck`")
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        view = memoryview(mapped)[offset:offset + size]
+        got, payload_size = parse_header(bytes(view[:HEADER_SIZE]))
+        _check_kind(oid, got, kind)
+        if payload_size != size - HEADER_SIZE:
+            raise CorruptObjectError(f"object {oid[:12]} is truncated or the wrong size; run "
+                                     "`vrl fsck`")
+        return view[HEADER_SIZE:]
+
+    def _open_packed(self, oid: ObjectId) -> tuple[int, int, int]:
+        for attempt in range(2):
+            where = self._locate(oid)
+            if where is None:
+                break
+            try:
+                return os.open(where[0], os.O_RDONLY), where[1], where[2]
+            except FileNotFoundError:
+                if attempt == 0:
+                    self._refresh()
+        raise self._not_found(oid)
+
+    def ids(self) -> Iterator[ObjectId]:
+        found: set[ObjectId] = set()
+        if self.root.is_dir():
+            for sub in self.root.iterdir():
+                if len(sub.name) == 2 and sub.is_dir():
+                    for f in sub.iterdir():
+                        oid = sub.name + f.name
+                        if is_object_id(oid):
+                            found.add(ObjectId(oid))
+        self._refresh()
+        found.update(self._packed)
+        yield from sorted(found)
+
+    def ids_with_prefix(self, prefix: str) -> list[ObjectId]:
+        out: set[ObjectId] = set()
+        folder = f"{self._root}/{prefix[:2]}"
+        try:
+            names = os.listdir(folder) if len(prefix) >= 2 else []
+        except FileNotFoundError:
+            names = []
+        out.update(ObjectId(prefix[:2] + n) for n in names
+                   if n.startswith(prefix[2:]) and is_object_id(prefix[:2] + n))
+        self._refresh()
+        out.update(o for o in self._packed if o.startswith(prefix))
+        return sorted(out)
+
+    def mtime(self, oid: ObjectId) -> float:
+        """When the object (for a packed one: its pack) was written or last reused."""
+        try:
+            return os.stat(self.fspath(oid)).st_mtime
+        except FileNotFoundError:
+            where = self._locate(oid)
+            if where is None:
+                raise ObjectNotFoundError(f"object {oid[:12]} not found") from None
+            return os.stat(where[0]).st_mtime
+
+    def verify(self, oid: ObjectId) -> str:
+        try:
+            f = open(self.fspath(oid), "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raw = self._read_packed(oid)
+            problem = pack.check_raw(oid, raw)
+            if problem:
+                raise CorruptObjectError(f"object {oid[:12]} (packed) is corrupted: "
+                                         f"{problem}") from None
+            return parse_header(raw)[0]
+        with f:
+            kind, size = parse_header(f.read(HEADER_SIZE))
+            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            hasher.update(header(kind, size))
+            got = 0
+            while chunk := f.read(1 << 24):
+                hasher.update(chunk)
+                got += len(chunk)
+        if got != size:
+            raise CorruptObjectError(f"object {oid[:12]} is truncated ({got} of {size} bytes)")
+        if hasher.hexdigest() != oid:
+            raise CorruptObjectError(f"object {oid[:12]} is corrupted: its bytes do not match "
+                                     "its id")
+        return kind
+
+    # ------------------------------------------------------------------ writing
     def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
               ) -> ObjectId:
         oid = oid or hash_object(kind, payload, threads=True)
         final = self.fspath(oid)
-        if final in self._inflight:
+        if final in self._inflight or oid in self._staged:
             return oid
-        if os.path.exists(final):
+        if os.path.exists(final) or self._touch_packed(oid):
             self._freshen(final)
             return oid
-        self.write_raw(final, [header(kind, memoryview(payload).nbytes), payload], "object")
+        size = memoryview(payload).nbytes
+        if self._batching and size < PACK_MAX:
+            self._staged[oid] = header(kind, size) + bytes(payload)
+            return oid
+        self.write_raw(final, [header(kind, size), payload], "object")
         return oid
 
     def write_raw(self, final: str | Path, chunks: list[bytes | memoryview], what: str
@@ -239,16 +527,56 @@ class FileObjectStore(ObjectStore):
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        """Overlap the fsyncs of many object writes; every object is in place on exit."""
-        if self._batching or not self.fsync:
+        """Write many objects as one: the small ones go into one pack, the fsyncs of the
+        big ones overlap. Every object is in place on exit (durable after `sync()`); if
+        the body raises, the small objects it wrote are dropped (nothing refers to them)."""
+        if self._batching:
             yield
             return
         self._batching = True
+        ok = False
         try:
             yield
+            ok = True
         finally:
-            self._batching = False
-            self.flush()
+            staged, self._staged = self._staged, {}
+            try:
+                # the pack's fsync overlaps those of the big objects still in flight
+                packed = self._write_staged(staged) if ok else None
+            finally:
+                self._batching = False
+                self.flush()
+            if packed:
+                self._register_pack(*packed)
+
+    def _write_staged(self, staged: dict[ObjectId, bytes]) -> tuple[str, pack.Entries] | None:
+        if len(staged) < PACK_MIN_OBJECTS:
+            for oid, raw in staged.items():
+                self.write_raw(self.fspath(oid), [raw], "object")
+            return None
+        return self._write_pack_file(staged.items())
+
+    def _write_pack_file(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]
+                         ) -> tuple[str, pack.Entries]:
+        name, chunks, entries = pack.build(objects)
+        file = f"pack-{name}.pack"
+        # one write call: the objects are small, and a syscall each cost more than the copy
+        self.write_raw(f"{self._pack_dir}/{file}", [b"".join(chunks)], "a pack")
+        return file, entries
+
+    def _register_pack(self, file: str, entries: pack.Entries) -> None:
+        with self._lock:
+            self._bad_packs.pop(file, None)
+            if file not in self._packs:
+                self._packs[file] = entries
+                self._index_pack(file)
+
+    def write_pack(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]) -> str:
+        """Write (id, raw object bytes) pairs as one pack, now; return its file name."""
+        file, entries = self._write_pack_file(objects)
+        self.flush()
+        self._register_pack(file, entries)
+        return file
 
     def flush(self) -> None:
         """Wait for batched writes; re-raise the first failure."""
@@ -265,11 +593,37 @@ class FileObjectStore(ObjectStore):
 
     def touch(self, oid: ObjectId) -> bool:
         """Freshen an existing object's mtime; False if it does not exist."""
+        if oid in self._staged:
+            return True
         path = self.fspath(oid)
-        if not os.path.isfile(path):
-            return False
-        self._freshen(path)
-        return True
+        if os.path.isfile(path):
+            self._freshen(path)
+            return True
+        return self._touch_packed(oid)
+
+    def _touch_packed(self, oid: ObjectId) -> bool:
+        """Freshen the pack holding `oid` (the whole pack then looks young to gc, which
+        keeps every object in it); False if no pack holds it, or only an old one.
+
+        An old pack may be mid-collection by a concurrent gc, and freshening it would also
+        revive the unreachable objects in it (e.g. a commit whose parent, in another old
+        pack, goes): the caller writes the object again instead, which for a small object
+        costs next to nothing."""
+        for force in (False, True):
+            where = self._locate(oid, force=force)
+            if where is None:
+                return False
+            try:
+                if os.stat(where[0]).st_mtime < time.time() - self.fresh_for:
+                    return False
+                os.utime(where[0])
+                return True
+            except FileNotFoundError:
+                # gc or repack replaced that pack: the object may be gone with it
+                self._refresh()
+            except OSError:
+                return True  # read-only: nothing can collect it either
+        return False
 
     @staticmethod
     def _freshen(path: str | Path) -> None:
@@ -289,22 +643,6 @@ class FileObjectStore(ObjectStore):
         else:  # independent directories: their journal flushes can overlap
             list(self._executor().map(_fsync_dir, dirs))
 
-    def delete(self, oid: ObjectId) -> None:
-        self.path(oid).unlink(missing_ok=True)
-
-    def ids(self) -> Iterator[ObjectId]:
-        if not self.root.is_dir():
-            return
-        for sub in sorted(self.root.iterdir()):
-            if len(sub.name) == 2 and sub.is_dir():
-                for f in sorted(sub.iterdir()):
-                    oid = sub.name + f.name
-                    if is_object_id(oid):
-                        yield ObjectId(oid)
-
-    def mtime(self, oid: ObjectId) -> float:
-        return self.path(oid).stat().st_mtime
-
     def temp_files(self) -> Iterator[tuple[Path, float]]:
         """Leftovers of interrupted writes (safe to delete once old)."""
         for f in self.root.glob("*/.tmp-*"):
@@ -313,22 +651,155 @@ class FileObjectStore(ObjectStore):
             except FileNotFoundError:
                 continue
 
-    def verify(self, oid: ObjectId) -> str:
-        path = self.path(oid)
+    # ------------------------------------------------------------------ deleting
+    def delete(self, oid: ObjectId) -> None:
+        self.delete_many([oid])
+
+    def delete_many(self, ids: Iterable[ObjectId], older_than: float | None = None,
+                    dry_run: bool = False) -> tuple[int, int]:
+        """Delete objects, loose or packed; return (count, bytes freed).
+
+        With `older_than`, an object written or reused (touched) since then is kept; for a
+        packed object that is its pack's mtime, re-checked just before the pack is
+        replaced, so a concurrent commit that reuses an object keeps it. A pack is rewritten
+        without the deleted objects crash-safely: the new pack is durable before the old
+        one is removed (a crash in between leaves duplicates, never a loss).
+        """
+        wanted = set(ids)
+        freed: dict[ObjectId, int] = {}
+        for oid in sorted(wanted):
+            path = self.fspath(oid)
+            try:
+                st = os.stat(path)
+                if older_than is None or st.st_mtime <= older_than:
+                    if not dry_run:
+                        os.unlink(path)
+                    freed[oid] = st.st_size
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise storage_error(exc, self.root.parent, "deleting objects") from exc
+        self._refresh()
+        # every pack holding one (a crash between a rewrite and the removal of the pack it
+        # replaced leaves an object in two packs)
+        for name, entries in sorted(self._packs.items()):
+            drop = [o for o in entries if o in wanted]
+            if not drop:
+                continue
+            try:
+                mtime = os.stat(f"{self._pack_dir}/{name}").st_mtime_ns
+            except FileNotFoundError:
+                continue
+            if older_than is not None and mtime > older_than * 1e9:
+                continue
+            if dry_run or self._rewrite_pack(name, set(drop), mtime):
+                freed.update((o, entries[o][1]) for o in drop)
+        return len(freed), sum(freed.values())
+
+    def _rewrite_pack(self, name: str, drop: set[ObjectId], mtime: int | None) -> bool:
+        """Replace pack `name` by one without `drop`; False if it changed (was touched or
+        removed) meanwhile, in which case nothing is removed."""
+        path = f"{self._pack_dir}/{name}"
+        entries = self._packs.get(name, {})
+        keep = [o for o in entries if o not in drop]
         try:
-            with open(path, "rb") as f:
-                kind, size = parse_header(f.read(HEADER_SIZE))
-                hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-                hasher.update(header(kind, size))
-                got = 0
-                while chunk := f.read(1 << 24):
-                    hasher.update(chunk)
-                    got += len(chunk)
+            if keep:
+                with open(path, "rb") as f:
+                    objects = [(o, os.pread(f.fileno(), entries[o][1], entries[o][0]))
+                               for o in keep]
+                new = self.write_pack(objects)
+                self.sync()
+            else:
+                new = None
+            if mtime is not None and os.stat(path).st_mtime_ns != mtime:
+                return False  # reused meanwhile: keep it (the new pack is a harmless copy)
+            if new != name:
+                os.unlink(path)
+                self._dirty_dirs.add(self._pack_dir)
+                self.sync()
         except FileNotFoundError:
-            raise ObjectNotFoundError(f"object {oid[:12]} not found") from None
-        if got != size:
-            raise CorruptObjectError(f"object {oid[:12]} is truncated ({got} of {size} bytes)")
-        if hasher.hexdigest() != oid:
-            raise CorruptObjectError(f"object {oid[:12]} is corrupted: its bytes do not match "
-                                     "its id")
-        return kind
+            return False
+        except OSError as exc:
+            raise storage_error(exc, self.root.parent, "rewriting a pack") from exc
+        self._refresh()
+        return True
+
+    # ------------------------------------------------------------------ maintenance
+    def packs(self) -> list[str]:
+        """The pack files present (usable or not)."""
+        self._refresh()
+        return sorted(set(self._packs) | set(self._bad_packs))
+
+    def check(self) -> list[str]:
+        """Every pack re-read: trailer, index and each object's bytes against its id."""
+        problems = []
+        for name in self.packs():
+            problems += pack.check(f"{self._pack_dir}/{name}")
+        return problems
+
+    def repack(self) -> tuple[int, int]:
+        """Merge every pack and every small loose object into one pack, crash-safely (the
+        new pack is durable before anything it replaces is removed). Returns (objects in
+        the new pack, files removed)."""
+        self._refresh()
+        packs = sorted(self._packs)
+        loose = []
+        for sub in self.root.iterdir() if self.root.is_dir() else []:
+            if len(sub.name) == 2 and sub.is_dir():
+                for f in sub.iterdir():
+                    oid = sub.name + f.name
+                    if is_object_id(oid) and f.stat().st_size < HEADER_SIZE + PACK_MAX:
+                        loose.append(ObjectId(oid))
+        if len(packs) + len(loose) < 2 or (len(packs) == 1 and not loose):
+            return len(self._packed), 0
+        return self._merge(packs, loose)
+
+    def consolidate(self) -> int:
+        """Bound the number of packs a reader must index (one per commit otherwise): once
+        AUTO_MERGE packs below MERGED_MAX bytes exist, merge them into one. Bigger packs
+        are left alone, so the work stays proportional to what is new. Returns the number
+        of packs merged (0 if nothing was due)."""
+        self._refresh(force=False)
+        small = []
+        for name in sorted(self._packs):
+            try:
+                if os.stat(f"{self._pack_dir}/{name}").st_size < MERGED_MAX:
+                    small.append(name)
+            except FileNotFoundError:
+                continue
+        if len(small) < AUTO_MERGE:
+            return 0
+        self._merge(small, [])
+        return len(small)
+
+    def _merge(self, packs: list[str], loose: list[ObjectId]) -> tuple[int, int]:
+        objects: dict[ObjectId, bytes] = {}
+        for oid in loose:
+            try:
+                raw = self.path(oid).read_bytes()
+            except FileNotFoundError:
+                continue
+            if pack.check_raw(oid, raw) is None:  # a damaged file stays for fsck to report
+                objects[oid] = raw
+        for name in packs:
+            try:
+                with open(f"{self._pack_dir}/{name}", "rb") as f:
+                    for oid, (offset, length) in self._packs[name].items():
+                        objects.setdefault(oid, os.pread(f.fileno(), length, offset))
+            except FileNotFoundError:  # another repack or gc replaced it: do nothing
+                return 0, 0
+        new = self.write_pack(objects.items())
+        self.sync()
+        removed = 0
+        for name in packs:
+            if name != new:
+                discard(Path(f"{self._pack_dir}/{name}"))
+                removed += 1
+        for oid in objects.keys() & set(loose):
+            discard(self.path(oid))
+            self._dirty_dirs.add(os.path.dirname(self.fspath(oid)))
+            removed += 1
+        self._dirty_dirs.add(self._pack_dir)
+        self.sync()
+        self._refresh()
+        return len(objects), removed

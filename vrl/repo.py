@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import getpass
 import heapq
-import mmap
 import os
 import random
 import re
 import sys
 import time as _time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +36,6 @@ from vrl.errors import (
 from vrl.maintenance import Maintenance
 from vrl.object_store import FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
-    HEADER_SIZE,
     Commit,
     FileLayout,
     Manifest,
@@ -45,7 +44,6 @@ from vrl.objects import (
     check_depth,
     hash_object,
     is_object_id,
-    parse_header,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import RawTensor, SafetensorsFile
@@ -87,6 +85,20 @@ def default_author(config: Config) -> str:
     return f"{name} <{email}>" if email else name
 
 
+_FETCHER_INSTALLERS: list[Callable[[Repo], None]] = []
+_OPEN_REPOS: weakref.WeakSet[Repo] = weakref.WeakSet()
+
+
+def register_fetchers(install: Callable[[Repo], None]) -> None:
+    """Call `install(repo)` for every repository open now or opened later; it may set
+    `repo.fetch_missing` and `repo.fetch_pruned`. `vrl.remote` registers itself this way
+    when imported (the CLI imports it), so the core needs no import of the remote layer."""
+    if install not in _FETCHER_INSTALLERS:
+        _FETCHER_INSTALLERS.append(install)
+        for repo in list(_OPEN_REPOS):
+            install(repo)
+
+
 class Repo(Maintenance, WorkspaceMixin):
     """A vrl repository (the `.vrl` directory and the workspace around it)."""
 
@@ -99,7 +111,8 @@ class Repo(Maintenance, WorkspaceMixin):
         verify = self.config.getbool("core", "verify") if verify is None else verify
         self.author = default_author(self.config)
         self.objects = FileObjectStore(self.vrl_dir / "objects", fsync=fsync,
-                                       verify_reads=verify)
+                                       verify_reads=verify,
+                                       fresh_for=self.config.getfloat("gc", "grace") / 2)
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
         self._commits: dict[ObjectId, Commit] = {}
         self._manifests: dict[ObjectId, Manifest] = {}
@@ -107,16 +120,17 @@ class Repo(Maintenance, WorkspaceMixin):
         # probe, entry). Lets an incremental commit skip re-hashing unchanged tensors.
         self._known: dict[tuple, tuple[int, bytes, TensorEntry]] = {}
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
-        # Called with the ids of objects missing locally (lazy clones, pruned snapshots);
-        # remotes install a fetcher here.
-        # The optional second argument maps ids to the (kind, payload size) a manifest
-        # promised, so the fetcher refuses a mismatch before anything is written.
+        # The remote layer installs these (see register_fetchers); the core never imports
+        # a transport. fetch_missing: download these ids now (partial clones); its optional
+        # second argument maps ids to the (kind, payload size) a manifest promised, so the
+        # fetcher refuses a mismatch before anything is written. fetch_pruned: fetch a
+        # pruned snapshot's tensors from any remote that has them; True on success, else
+        # the names of the remotes tried ("" if none).
         self.fetch_missing: Callable[..., None] | None = None
-        promisor = self.config.get("core", "promisor")
-        if promisor:  # a partial clone: missing objects download from this remote on demand
-            from vrl.remote.transfer import install_lazy_fetcher
-
-            install_lazy_fetcher(self, promisor)
+        self.fetch_pruned: Callable[..., bool | str] | None = None
+        _OPEN_REPOS.add(self)
+        for install in _FETCHER_INSTALLERS:
+            install(self)
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -217,24 +231,18 @@ class Repo(Maintenance, WorkspaceMixin):
                                          "tensor its manifest names; run `vrl fsck`")
             return payload, 0
         try:
-            fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
-        except FileNotFoundError:
+            mapped = self.objects.map_payload(entry.id)
+        except ObjectNotFoundError:
             self._fetch_or_fail([entry])
-            fd = os.open(self.objects.fspath(entry.id), os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_size != HEADER_SIZE + entry.nbytes:
-                raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
-                                         "wrong size; run `vrl fsck`")
-            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
-        if parse_header(mapped[:HEADER_SIZE])[0] != "tensor":
-            raise CorruptObjectError(f"object {entry.id[:12]} is not a tensor; run `vrl fsck`")
-        if self.objects.verify_reads and hash_object("tensor", memoryview(mapped)[HEADER_SIZE:],
-                                                     threads=True) != entry.id:
+            mapped = self.objects.map_payload(entry.id, "tensor")
+        if mapped.nbytes != entry.nbytes:
+            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
+                                     "wrong size; run `vrl fsck`")
+        if self.objects.verify_reads and hash_object("tensor", mapped, threads=True) != \
+                entry.id:
             raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
                                      "match its id (run `vrl fsck`)")
-        return mapped, HEADER_SIZE
+        return mapped, 0
 
     def _remember(self, oid: ObjectId, payload: bytes) -> None:
         """Keep small payloads just committed: the next commit's layer statistics read them
@@ -249,6 +257,11 @@ class Repo(Maintenance, WorkspaceMixin):
         if missing and self.fetch_missing is not None:
             self.fetch_missing(missing, {e.id: ("tensor", e.nbytes) for e in entries})
             missing = [m for m in missing if not self.objects.has(m)]
+        if missing and self.fetch_missing is None and self.config.get("core", "promisor"):
+            raise PrunedError(f"tensor data {missing[0][:12]} is not here yet: this is a "
+                              "partial clone, and objects download on demand only once the "
+                              "remote layer is loaded (`import vrl.remote`, as the vrl CLI "
+                              "does)")
         if missing:
             raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
                               "(pruned, cloned with --metadata-only, or lost: `vrl fsck` "
@@ -296,7 +309,10 @@ class Repo(Maintenance, WorkspaceMixin):
             return head
         if is_object_id(base):
             if not self.objects.has(ObjectId(base)) and self.fetch_missing is None:
-                raise RevisionError(f"unknown revision {rev!r}: no such commit")
+                try:  # says so when a damaged pack may have held it
+                    self.objects.kind_and_size(ObjectId(base))
+                except ObjectNotFoundError:
+                    raise RevisionError(f"unknown revision {rev!r}: no such commit") from None
             return ObjectId(base)
         if base and not any(c in base for c in " \t\n\x00"):
             for prefix in ("", "refs/", "refs/tags/", "refs/heads/", "refs/remotes/"):
@@ -346,18 +362,13 @@ class Repo(Maintenance, WorkspaceMixin):
                             "(see `vrl reflog`)")
 
     def _commits_with_prefix(self, prefix: str) -> list[ObjectId]:
-        folder = self.objects.root / prefix[:2]
-        if not folder.is_dir():
-            return []
         out = []
-        for f in folder.iterdir():
-            if f.name.startswith(prefix[2:]) and is_object_id(prefix[:2] + f.name):
-                oid = ObjectId(prefix[:2] + f.name)
-                try:
-                    if self.objects.kind_and_size(oid)[0] == "commit":
-                        out.append(oid)
-                except VrlError:
-                    continue
+        for oid in self.objects.ids_with_prefix(prefix):
+            try:
+                if self.objects.kind_and_size(oid)[0] == "commit":
+                    out.append(oid)
+            except VrlError:
+                continue
         return sorted(out)
 
     # ------------------------------------------------------------------ snapshots
@@ -488,8 +499,9 @@ class Repo(Maintenance, WorkspaceMixin):
         threshold = self.threshold if threshold is None else threshold
         env_info = env if isinstance(env, dict) else (envinfo.capture(self.workdir) if env
                                                      else {})
-        # the tensors and the manifest are durable before a commit object names them, so
-        # a power cut never leaves a commit whose snapshot is missing
+        # The snapshot's small objects went into one pack (its big tensors stay loose);
+        # they are durable before a commit object names them, so a power cut never leaves
+        # a commit whose snapshot is missing
         self.objects.sync()
         attempt = 0
         while True:
@@ -514,7 +526,6 @@ class Repo(Maintenance, WorkspaceMixin):
             try:
                 self.refs.update(ref, cid, expected=parent,
                                  reason=f"commit: {message.splitlines()[0] if message else ''}")
-                return cid
             except RefConflictError:
                 # Lost the compare-and-swap: another commit landed on the ref, which is
                 # progress, so re-parent onto it and try again (as long as others make
@@ -523,8 +534,14 @@ class Repo(Maintenance, WorkspaceMixin):
                 # ref (a lock held for a long time, a name clash) is not ours to retry.
                 if self.refs.read(ref) == parent:
                     raise
-            attempt += 1
-            _backoff(attempt)
+                attempt += 1
+                _backoff(attempt)
+                continue
+            try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
+                self.objects.consolidate()
+            except VrlError:
+                pass  # the commit is done; the next one tries again
+            return cid
 
     @property
     def threshold(self) -> float:
@@ -547,7 +564,10 @@ class Repo(Maintenance, WorkspaceMixin):
         except PrunedError:
             if oid not in self.pruned():
                 raise
-            tried = self._fetch_from_remotes(manifest)
+            entries = manifest.data_entries().values()
+            tried = self.fetch_pruned([e.id for e in entries],
+                                      {e.id: ("tensor", e.nbytes) for e in entries}) \
+                if self.fetch_pruned is not None else ""
             if tried is True:
                 return
             where = f"no configured remote ({tried}) has it" if tried else \
@@ -555,31 +575,6 @@ class Repo(Maintenance, WorkspaceMixin):
             raise PrunedError(f"snapshot {oid[:12]} was pruned by retention (its commit, "
                               "metrics and layer statistics are kept, its tensors were "
                               f"dropped); {where}") from None
-
-    def _fetch_from_remotes(self, manifest: Manifest) -> bool | str:
-        """Fetch a pruned snapshot's tensors from the first remote that has them.
-
-        Returns True on success, else the names of the remotes tried ("" if none).
-        """
-        from vrl.remote.config import open_named, remotes
-        from vrl.remote.transfer import fetch_objects
-
-        names = list(remotes(self))
-        for name in names:
-            missing = [e.id for e in manifest.data_entries().values()
-                       if not self.objects.has(e.id)]
-            try:
-                store = open_named(self, name)
-                try:
-                    fetch_objects(self, store, missing, expect={
-                        e.id: ("tensor", e.nbytes) for e in manifest.tensors.values()})
-                finally:
-                    store.close()
-            except VrlError:
-                continue
-            if all(self.objects.has(e.id) for e in manifest.data_entries().values()):
-                return True
-        return ", ".join(names)
 
     def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
         if unflatten is None:

@@ -1,4 +1,4 @@
-"""Repository maintenance: gc, fsck and prune."""
+"""Repository maintenance: gc, fsck, prune and repack."""
 
 from __future__ import annotations
 
@@ -128,4 +128,19 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
         click.echo(f"`vrl gc` frees nothing yet: {note}")
 
 
-COMMANDS = [gc, fsck, prune]
+@click.command()
+@json_option
+@pass_repo
+def repack(repo: Repo, as_json: bool) -> None:
+    """Merge the packs of many commits (and small loose objects) into one pack."""
+    packed, removed = repo.repack()
+    if as_json:
+        echo_json({"objects": packed, "files_removed": removed})
+        return
+    if removed:
+        click.echo(f"Packed {packed} objects into one pack ({removed} files replaced)")
+    else:
+        click.echo(f"Nothing to repack ({packed} objects already in one pack)")
+
+
+COMMANDS = [gc, fsck, prune, repack]

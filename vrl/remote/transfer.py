@@ -25,7 +25,7 @@ from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, p
 from vrl.refs import short_ref
 from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, redact
 from vrl.remote.errors import NonFastForwardError, RemoteError, RemoteObjectMissingError
-from vrl.repo import Repo
+from vrl.repo import Repo, register_fetchers
 
 DEFAULT_JOBS = 8
 
@@ -359,12 +359,16 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
         if not repo.objects.has(o):
             raise VrlError(f"object {o[:12]} is needed for the push but is not in this "
                            "repository (pruned or a metadata-only clone) nor on the remote")
-    sizes = {o: repo.objects.path(o).stat().st_size for o in data + new_commits}
+    sizes = {o: HEADER_SIZE + repo.objects.kind_and_size(o)[1] for o in data + new_commits}
     progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(sizes))
     kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest")
 
     def send(oid: ObjectId) -> None:
-        store.put_file(object_key(oid), repo.objects.path(oid))
+        loose = repo.objects.loose_path(oid)  # big tensors: streamed from their file
+        if loose is not None:
+            store.put_file(object_key(oid), loose)
+        else:  # packed: its bytes, read by id
+            store.put(object_key(oid), repo.objects.read_raw(oid))
         progress.advance(sizes[oid])
 
     try:
@@ -449,14 +453,15 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
         fetch_objects(repo, store, list(wanted), jobs=jobs, progress=progress,
                       sizes={o: n + HEADER_SIZE for o, n in wanted.items()}, result=result,
                       expect={o: ("tensor", n) for o, n in wanted.items()})
-    for m, raw in new_manifests.items():
-        _store_raw(repo, m, raw)
-        result.objects["manifest"] += 1
-        result.bytes += len(raw)
-    for c in _topo_order(new_commits, lambda o: commits[o].parents):
-        _store_raw(repo, c, new_commits[c])
-        result.objects["commit"] += 1
-        result.bytes += len(new_commits[c])
+    with repo.objects.batch():  # one pack: every manifest and commit appear at once
+        for m, raw in new_manifests.items():
+            _store_raw(repo, m, raw)
+            result.objects["manifest"] += 1
+            result.bytes += len(raw)
+        for c in _topo_order(new_commits, lambda o: commits[o].parents):
+            _store_raw(repo, c, new_commits[c])
+            result.objects["commit"] += 1
+            result.bytes += len(new_commits[c])
     repo.objects.sync()  # objects durable before refs point at them
     for ref, oid in remote_refs.items():
         if ref.startswith("refs/heads/"):
@@ -585,7 +590,8 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
         return len(raw)
 
     try:
-        got = _pool_map(get, ids, jobs)
+        with repo.objects.batch():  # the small ones land in one pack
+            got = _pool_map(get, ids, jobs)
     finally:
         progress.end()
     repo.objects.sync()
@@ -718,3 +724,40 @@ def install_lazy_fetcher(repo: Repo, remote_name: str, jobs: int = DEFAULT_JOBS)
             store.close()
 
     repo.fetch_missing = fetch_missing
+
+
+def fetch_from_remotes(repo: Repo, ids: list[ObjectId],
+                       expect: dict[ObjectId, tuple[str, int]] | None = None) -> bool | str:
+    """Fetch objects (a pruned snapshot's tensors) from the first remote that has them all;
+    `expect` maps ids to the (kind, payload size) the manifest promised.
+
+    Returns True on success, else the names of the remotes tried ("" if none).
+    """
+    from vrl.remote.config import open_named, remotes
+
+    names = list(remotes(repo))
+    for name in names:
+        missing = [o for o in ids if not repo.objects.has(o)]
+        try:
+            store = open_named(repo, name)
+            try:
+                fetch_objects(repo, store, missing, expect=expect)
+            finally:
+                store.close()
+        except VrlError:
+            continue
+        if all(repo.objects.has(o) for o in ids):
+            return True
+    return ", ".join(names)
+
+
+def install_fetchers(repo: Repo) -> None:
+    """What the remote layer gives every repository it opens: on-demand downloads from the
+    promisor remote (partial clones) and fetching of pruned snapshots from remotes."""
+    promisor = repo.config.get("core", "promisor")
+    if promisor:
+        install_lazy_fetcher(repo, promisor)
+    repo.fetch_pruned = lambda ids, expect=None: fetch_from_remotes(repo, ids, expect)
+
+
+register_fetchers(install_fetchers)

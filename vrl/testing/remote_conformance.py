@@ -112,7 +112,7 @@ def make_history(repo: Repo, commits: int = 3, seed: int = 0, width: int = 64) -
 
 
 def object_files(repo: Repo) -> dict[str, bytes]:
-    return {oid: repo.objects.path(oid).read_bytes() for oid in repo.objects.ids()}
+    return {oid: repo.objects.read_raw(oid) for oid in repo.objects.ids()}
 
 
 def assert_bit_exact(a: Repo, b: Repo, rev: str = "HEAD") -> None:
@@ -128,7 +128,7 @@ def assert_bit_exact(a: Repo, b: Repo, rev: str = "HEAD") -> None:
         ta, tb = a.load_entry(entry), b.load_entry(entry)
         assert ta.dtype == tb.dtype and ta.shape == tb.shape, name
         assert torch.equal(ta.reshape(-1).view(torch.uint8), tb.reshape(-1).view(torch.uint8))
-        assert b.objects.path(entry.id).read_bytes() == a.objects.path(entry.id).read_bytes()
+        assert b.objects.read_raw(entry.id) == a.objects.read_raw(entry.id)
 
 
 _PUSHER = """

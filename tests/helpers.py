@@ -45,3 +45,23 @@ def vrl(capsys, *args):
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def edit_object(repo: Any, oid: str, edit: Any) -> None:
+    """Apply `edit(bytearray)` (same length) to an object's stored bytes (64-byte header +
+    payload), wherever it is kept: its loose file or its pack."""
+    import os
+
+    path, offset, length = repo.objects.locate(oid)
+    data = bytearray(path.read_bytes())
+    obj = bytearray(data[offset:offset + length])
+    edit(obj)
+    assert len(obj) == length
+    data[offset:offset + length] = obj
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+
+
+def remove_object(repo: Any, oid: str) -> None:
+    """Lose an object (loose or packed), as a damaged disk would."""
+    assert repo.objects.delete_many([oid])[0] == 1

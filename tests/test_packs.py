@@ -306,7 +306,7 @@ def test_push_sends_packed_objects_and_fetch_packs_what_it_gets(tmp_path):
     add_remote(src, "origin", str(tmp_path / "remote"))
     store = open_named(src, "origin")
     try:
-        push(src, store, "origin", ["main"])
+        push(src, store, "origin", ["main"], create=True)
     finally:
         store.close()
     remote_files = [p for p in (tmp_path / "remote" / "objects").rglob("*") if p.is_file()]

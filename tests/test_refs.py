@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import edit_object, remove_object
 from test_failures import one_line_error, small_disk, snapshot_of_disk  # noqa: F401
 
 from vrl import Repo
@@ -66,7 +66,7 @@ def test_failed_checkout_moves_nothing(tmp_path, capsys, how):
         repo.gc(grace=0, expire_reflog=True)
     else:
         for oid in tensors_of(repo, ids[0]):
-            repo.objects.path(oid).unlink()
+            remove_object(repo, oid)
     before = refs_and_logs(path)
     workspace = (path / "policy.safetensors").read_bytes()
     for argv in (["checkout", ids[0][:12]], ["checkout", ids[0][:12], "--force"],
@@ -357,11 +357,9 @@ def test_fsck_lists_every_problem_and_json(tmp_path, capsys):
     repo, ids = history(path, 4)
     # a corrupt tensor, a missing parent, a missing manifest, a garbage ref, a bad reflog line
     tensor = tensors_of(repo, ids[3])[0]
-    obj = repo.objects.path(tensor)
-    os.chmod(obj, 0o644)
-    obj.write_bytes(obj.read_bytes()[:-1] + b"?")
-    repo.objects.path(ids[0]).unlink()
-    repo.objects.path(repo.read_commit(ids[2]).manifest).unlink()
+    edit_object(repo, tensor, lambda b: b.__setitem__(-1, b[-1] ^ 0xFF))
+    remove_object(repo, ids[0])
+    remove_object(repo, repo.read_commit(ids[2]).manifest)
     (path / ".vrl/refs/heads/junk").write_text("junk\n")
     with open(path / ".vrl/logs/HEAD", "ab") as f:
         f.write(b"bad line\n")

@@ -356,7 +356,7 @@ class StoreMachine(RuleBasedStateMachine):
         refs = [f"refs/heads/{only}"] if only else None
         assert self.repo.prune(keep_last=keep_last, refs=refs) == m.prune(keep_last, only)
         if then_gc:  # free at once, keeping the reflog: later steps meet freed snapshots
-            self.gc(expire_reflog=False)
+            self.gc(expire_reflog=False, other=False)
 
     @rule(other=st.booleans())
     def repack(self, other):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import raw, vrl
+from helpers import edit_object, raw, vrl
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_safetensors_file import close, handmade, torch_reference
@@ -230,7 +230,7 @@ def test_header_survives_gc_and_travels_with_push_and_clone(ws, capsys):
     want = sha("policy.safetensors")
     vrl(capsys, "commit", "-m", "v1", "--no-env")
     assert Repo(".").gc(grace=0) == (0, 0)
-    vrl(capsys, "remote", "add", "origin", str(ws / "r.vrl"))
+    vrl(capsys, "remote", "add", "origin", str(ws / "r.vrl"), "--create")
     code, _, err = vrl(capsys, "push", "-q")
     assert code == 0, err
     os.chdir(ws)
@@ -246,11 +246,8 @@ def test_damaged_stored_header_is_reported(ws, capsys):
     vrl(capsys, "commit", "--no-env")
     repo = Repo(ws)
     layout = repo.read_manifest(repo.read_commit(repo.head()).manifest).layout
-    path = repo.objects.path(layout.header.id)
-    data = bytearray(path.read_bytes())
-    data[64 + 9] = ord("[")  # inside the JSON, same size
-    os.chmod(path, 0o644)
-    path.write_bytes(bytes(data))
+    edit_object(repo, layout.header.id,  # inside the JSON, same size
+                lambda data: data.__setitem__(64 + 9, ord("[")))
     with pytest.raises(CorruptObjectError, match="file header stored with this snapshot"):
         repo.export(repo.head(), ws / "out.safetensors")
     assert not (ws / "out.safetensors").exists()

@@ -6,6 +6,7 @@ tag, reflog) stay fast. Tensor work imports them on first use.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import heapq
 import os
@@ -495,53 +496,59 @@ class Repo(Maintenance, WorkspaceMixin):
             check_depth(value, name)
         if optimizer is not None:
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
-        mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
-        threshold = self.threshold if threshold is None else threshold
-        env_info = env if isinstance(env, dict) else (envinfo.capture(self.workdir) if env
-                                                     else {})
-        # The snapshot's small objects went into one pack (its big tensors stay loose);
-        # they are durable before a commit object names them, so a power cut never leaves
-        # a commit whose snapshot is missing
-        self.objects.sync()
-        attempt = 0
-        while True:
-            parent = self.refs.read(ref)
-            if parent and not allow_empty and self.read_commit(parent).manifest == mid:
-                raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
-                                     f"({parent[:12]}); use --allow-empty to commit anyway")
-            parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                if parent else None
-            stats = compare(parent_manifest, manifest, self.read_tensor,
-                            known_objects=lambda oid: oid not in new_ids,
-                            threshold=threshold).to_json()
-            stats["parent"] = parent
-            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
-                            message=message, author=author or self.author,
-                            time=time or utc_now(), hparams=hparams or {},
-                            metrics=metrics or {}, env=env_info, step=step, stats=stats,
-                            meta=meta or {})
-            cid = self.objects.write("commit", commit.to_bytes())
-            self._commits[cid] = commit
-            self.objects.sync()  # everything durable before the ref points at it
-            try:
-                self.refs.update(ref, cid, expected=parent,
-                                 reason=f"commit: {message.splitlines()[0] if message else ''}")
-            except RefConflictError:
-                # Lost the compare-and-swap: another commit landed on the ref, which is
-                # progress, so re-parent onto it and try again (as long as others make
-                # progress, someone wins every round; the jittered backoff spreads the
-                # losers out so no one is starved). A conflict without any move of the
-                # ref (a lock held for a long time, a name clash) is not ours to retry.
-                if self.refs.read(ref) == parent:
-                    raise
-                attempt += 1
-                _backoff(attempt)
-                continue
-            try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
-                self.objects.consolidate()
-            except VrlError:
-                pass  # the commit is done; the next one tries again
-            return cid
+        # The snapshot's small objects and the (first) commit object go into one pack,
+        # which appears whole or not at all; its big tensors are loose files, made durable
+        # before the pack that names them is written (a power cut never leaves a commit
+        # whose snapshot is missing). A small-policy commit is one file and one fsync.
+        with contextlib.ExitStack() as batch:
+            batch.enter_context(self.objects.batch())
+            mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
+            threshold = self.threshold if threshold is None else threshold
+            env_info = env if isinstance(env, dict) else \
+                (envinfo.capture(self.workdir) if env else {})
+            self.objects.sync()  # the big tensors (the staged pack is not written yet)
+            attempt = 0
+            while True:
+                parent = self.refs.read(ref)
+                if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                    raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
+                                         f"({parent[:12]}); use --allow-empty to commit "
+                                         "anyway")
+                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                    if parent else None
+                stats = compare(parent_manifest, manifest, self.read_tensor,
+                                known_objects=lambda oid: oid not in new_ids,
+                                threshold=threshold).to_json()
+                stats["parent"] = parent
+                commit = Commit(manifest=mid, parents=(parent,) if parent else (),
+                                message=message, author=author or self.author,
+                                time=time or utc_now(), hparams=hparams or {},
+                                metrics=metrics or {}, env=env_info, step=step, stats=stats,
+                                meta=meta or {})
+                cid = self.objects.write("commit", commit.to_bytes())
+                self._commits[cid] = commit
+                batch.close()  # writes the pack (first attempt only; a no-op afterwards)
+                self.objects.sync()  # everything durable before the ref points at it
+                try:
+                    self.refs.update(ref, cid, expected=parent, reason="commit: "
+                                     f"{message.splitlines()[0] if message else ''}")
+                except RefConflictError:
+                    # Lost the compare-and-swap: another commit landed on the ref, which
+                    # is progress, so re-parent onto it and try again (as long as others
+                    # make progress, someone wins every round; the jittered backoff
+                    # spreads the losers out so no one is starved). A conflict without
+                    # any move of the ref (a lock held for a long time, a name clash) is
+                    # not ours to retry.
+                    if self.refs.read(ref) == parent:
+                        raise
+                    attempt += 1
+                    _backoff(attempt)
+                    continue
+                try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
+                    self.objects.consolidate()
+                except VrlError:
+                    pass  # the commit is done; the next one tries again
+                return cid
 
     @property
     def threshold(self) -> float:

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from vrl.errors import RefConflictError
+from vrl.errors import RefConflictError, VrlError
+from vrl.object_store import FileObjectStore
+from vrl.objects import ObjectId, is_object_id
 from vrl.refs import RefStore
 from vrl.remote.base import KeyMissing, RemoteStore, is_secret_option, redact, too_large
 from vrl.remote.errors import MissingBackendError, RemoteConfigError, RemoteError
@@ -68,6 +70,29 @@ class LocalRemote(RemoteStore):
         self.url = url or str(self.root)
         self.fsync = fsync
         self._locks = RefStore(self.root, fsync=fsync)
+        self._packs: FileObjectStore | None = None
+
+    def _packed(self, key: str) -> FileObjectStore | None:
+        """The object store of a local repository, when `key` names an object that it
+        keeps in a pack (a clone or fetch straight from a repository reads its packs)."""
+        oid = key[8:10] + key[11:]
+        if not key.startswith("objects/") or not is_object_id(oid) or \
+                not (self.root / "objects" / "pack").is_dir():
+            return None
+        self._inside(self.root / "objects" / "pack", "objects/pack")
+        if self._packs is None:
+            self._packs = FileObjectStore(self.root / "objects", fsync=self.fsync)
+        return self._packs if self._packs.has(ObjectId(oid)) else None
+
+    def _read_packed(self, key: str, limit: int | None = None) -> bytes:
+        store = self._packed(key)
+        if store is None:
+            raise KeyMissing(key)
+        try:
+            raw = store.read_raw(ObjectId(key[8:10] + key[11:]))
+        except VrlError:
+            raise KeyMissing(key) from None
+        return raw if limit is None else raw[:limit + 1]
 
     def _p(self, key: str) -> Path:
         return self.root / key
@@ -90,12 +115,23 @@ class LocalRemote(RemoteStore):
             raise KeyMissing(key) from None
 
     def get(self, key: str) -> bytes:
-        with self.guard(f"reading {key}"), self._open_read(key) as f:
-            return f.read()
+        with self.guard(f"reading {key}"):
+            try:
+                f = self._open_read(key)
+            except KeyMissing:
+                return self._read_packed(key)
+            with f:
+                return f.read()
 
     def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
-        with self.guard(f"reading {key}"), self._open_read(key) as f:
-            data = f.read(limit + 1)
+        with self.guard(f"reading {key}"):
+            try:
+                f = self._open_read(key)
+            except KeyMissing:
+                data = self._read_packed(key, limit)
+            else:
+                with f:
+                    data = f.read(limit + 1)
         if len(data) > limit:
             raise too_large(key, self.url, limit, what)
         return data
@@ -129,7 +165,7 @@ class LocalRemote(RemoteStore):
             self._write(self._p(key), Path(local))
 
     def exists(self, key: str) -> bool:
-        return self._p(key).is_file()
+        return self._p(key).is_file() or self._packed(key) is not None
 
     def list(self, prefix: str) -> list[str]:
         base = self._p(prefix)

@@ -3,8 +3,9 @@
 Every `every` iterations it snapshots the complete trainer state (model, optimizer and
 algorithm state, every RNG, counters, environment state) with the resolved config as
 hyperparameters and the iteration's metrics, through a background `vrl.Snapshotter`.
-The best snapshot by `best_metric` carries a tag that moves with it; `keep_last` applies
-retention as the run goes.
+The best snapshot by `best_metric` carries a tag that moves with it (`best/<branch>` unless
+`best_tag` says otherwise; a tag the Snapshotter did not set is never moved); `keep_last`
+applies retention as the run goes.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class StoreHook(Hook):
     """Commit trainer snapshots to a vrl repository while training."""
 
     def __init__(self, repo: Repo | str, *, every: int = 1, branch: str | None = None,
-                 best_metric: str | None = "charts/return_last100", best_tag: str = "best",
+                 best_metric: str | None = "charts/return_last100", best_tag: str | None = None,
                  keep_last: int | None = None, queue_size: int = 2) -> None:
         self.repo = repo if isinstance(repo, Repo) else Repo(repo)
         self.every, self.branch = max(1, every), branch

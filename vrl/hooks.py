@@ -218,6 +218,7 @@ class Snapshotter:
         self._limit = max(1, queue_size) + 1
         self._in_flight: dict[int, _Region | None] = {}
         self._finished: collections.deque[_Region] = collections.deque()
+        self._early: set[int] = set()  # acknowledged before they were registered
         self._cv = threading.Condition()
         self._next_id = 0
         self._reset = False
@@ -308,17 +309,22 @@ class Snapshotter:
         job["tensors"], region = self._copy_changed(tensors, ties)
         self._next_id += 1
         self._reset = False
-        with self._cv:
-            self._in_flight[job["id"]] = region
         if region is not None:
             region.in_flight = True
         try:
             self._submit(job, region)
         except OSError as exc:
-            with self._cv:
-                self._in_flight.pop(job["id"], None)
             self._dead = self._dead or f"the committer process is gone ({exc})"
             self._raise_pending()
+        # registered only once handed over: a signal handler that closes us meanwhile
+        # must not wait for a job the committer never got
+        with self._cv:
+            if job["id"] in self._early:  # acknowledged already
+                self._early.discard(job["id"])
+                if region is not None:
+                    self._finished.append(region)
+            else:
+                self._in_flight[job["id"]] = region
 
     def _copy_changed(self, tensors: dict[str, Any], ties: dict[str, str]
                       ) -> tuple[dict[str, Any], _Region | None]:
@@ -435,9 +441,12 @@ class Snapshotter:
                 self.commits.append(ack["commit"])
             if ack.get("error") and self._error is None:
                 self._error = VrlError(ack["error"])
-            region = self._in_flight.pop(ack["id"], None)
-            if region is not None:
-                self._finished.append(region)
+            if ack["id"] in self._in_flight:
+                region = self._in_flight.pop(ack["id"])
+                if region is not None:
+                    self._finished.append(region)
+            else:
+                self._early.add(ack["id"])
             self._cv.notify_all()
 
     def _wait(self, ready: Callable[[], bool]) -> None:

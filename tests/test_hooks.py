@@ -454,3 +454,8 @@ def test_pruned_snapshot_is_fetched_back_from_a_remote(tmp_path):
     repo.gc(grace=0)
     with pytest.raises(PrunedError, match="add a remote that still has it"):
         repo.load(ids[1])
+
+
+def test_committer_option_is_checked(repo):
+    with pytest.raises(VrlError, match="committer must be 'process' or 'thread'"):
+        Snapshotter(repo, small_policy(), committer="fork")

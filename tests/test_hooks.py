@@ -459,3 +459,22 @@ def test_pruned_snapshot_is_fetched_back_from_a_remote(tmp_path):
 def test_committer_option_is_checked(repo):
     with pytest.raises(VrlError, match="committer must be 'process' or 'thread'"):
         Snapshotter(repo, small_policy(), committer="fork")
+
+
+def test_committer_process_does_not_import_torch_for_a_small_policy(repo, tmp_path,
+                                                                    monkeypatch):
+    # importing torch takes seconds of CPU, which a small machine takes from training
+    poison = tmp_path / "poison" / "torch"
+    poison.mkdir(parents=True)
+    (poison / "__init__.py").write_text("raise ImportError('the committer imported torch')")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(poison.parent), os.environ.get("PYTHONPATH", "")]))
+    model = small_policy()
+    with Snapshotter(repo, model, committer="process", best_metric="r",
+                     keep_last=2) as snap:
+        for i in range(3):
+            with torch.no_grad():
+                model[0].bias.add_(1)
+            snap.step(i, metrics={"r": float(i)})
+    assert [e.commit.step for e in repo.log()] == [2, 1, 0]
+    assert repo.diff("HEAD").material

@@ -8,6 +8,7 @@ materially when that exceeds the threshold. Only tensors whose ids differ are re
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,9 +117,8 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
     Half-precision and float32 tensors are compared in float32 (vectorised reductions keep
     the relative error near 1e-6, plenty for change statistics); everything else in float64.
     """
-    import torch
-
-    if isinstance(old, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
+    if torch is not None and isinstance(old, torch.Tensor):
         a, b = old.detach().reshape(-1), new.detach().reshape(-1)
         work = torch.float32 if a.dtype in (torch.float32, torch.float16, torch.bfloat16) \
             else torch.float64

@@ -395,9 +395,10 @@ class Repo(Maintenance, WorkspaceMixin):
         `.data` is never missed); `rehash` is kept for compatibility and does nothing.
         """
         from vrl import envinfo
-        from vrl.tensors import to_state
 
         if optimizer is not None:
+            from vrl.tensors import to_state
+
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
         mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
         threshold = self.threshold if threshold is None else threshold

@@ -86,12 +86,16 @@ def main() -> None:
     parser.add_argument("--committer", choices=["process", "thread"], default=None,
                         help="the Snapshotter's committer [its default]")
     parser.add_argument("--label", default="", help="a note stored with the results")
+    parser.add_argument("--only", default="", help="run only the policies whose name "
+                        "contains this (e.g. warehouse)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="vrl-snap-"))
     results = {}
     try:
         for name, (hidden, envs, steps, mbs, epochs) in CASES.items():
+            if args.only not in name:
+                continue
             off, on, handover, flush = [], [], [], []
             run_once(hidden, envs, steps, mbs, epochs, 1, None)  # warm up
             for _ in range(args.runs):

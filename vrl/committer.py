@@ -46,8 +46,11 @@ BEST_REASON = "snapshotter: best"  # reflog reason marking a best tag a Snapshot
 
 
 # ---------------------------------------------------------------------- wire format
-def send_message(sock: socket.socket, message: dict[str, Any], fd: int | None = None) -> None:
-    payload = json.dumps(message, separators=(",", ":"), default=_plain).encode()
+def send_message(sock: socket.socket, message: dict[str, Any] | bytes,
+                 fd: int | None = None) -> None:
+    """Send a message (a dict, or its JSON already encoded), with `fd` if given."""
+    payload = message if isinstance(message, bytes) else \
+        json.dumps(message, separators=(",", ":"), default=_plain).encode()
     header = _HEADER.pack(len(payload))
     if fd is None:
         sock.sendall(header + payload)

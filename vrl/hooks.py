@@ -235,7 +235,7 @@ class Snapshotter:
             from vrl.committer import CommitWorker
 
             self._worker = CommitWorker(self.repo, **config)
-            self._queue: queue.Queue[tuple[dict, _Region | None] | None] = queue.Queue()
+            self._queue: queue.Queue[tuple[bytes, _Region | None] | None] = queue.Queue()
             self._thread = threading.Thread(target=self._run_thread, name="vrl-snapshotter",
                                             daemon=True)
             self._thread.start()
@@ -302,29 +302,31 @@ class Snapshotter:
                "message": message, "step": step, "metrics": metrics,
                "hparams": dict(self.hparams), "meta": dict(meta or {})}
         try:  # the JSON is the copy of everything but the tensors
-            text = json.dumps(job, default=_plain)
+            text = json.dumps(job, separators=(",", ":"), default=_plain)
         except (TypeError, ValueError) as exc:
             raise VrlError(f"snapshot metadata is not JSON: {exc}") from exc
-        job = json.loads(text)
-        job["tensors"], region = self._copy_changed(tensors, ties)
+        specs, region = self._copy_changed(tensors, ties)
+        job_id = job["id"]
+        payload = (text[:-1] + ',"tensors":' + json.dumps(specs, separators=(",", ":"))
+                   + "}").encode()
         self._next_id += 1
         self._reset = False
         if region is not None:
             region.in_flight = True
         try:
-            self._submit(job, region)
+            self._submit(payload, region)
         except OSError as exc:
             self._dead = self._dead or f"the committer process is gone ({exc})"
             self._raise_pending()
         # registered only once handed over: a signal handler that closes us meanwhile
         # must not wait for a job the committer never got
         with self._cv:
-            if job["id"] in self._early:  # acknowledged already
-                self._early.discard(job["id"])
+            if job_id in self._early:  # acknowledged already
+                self._early.discard(job_id)
                 if region is not None:
                     self._finished.append(region)
             else:
-                self._in_flight[job["id"]] = region
+                self._in_flight[job_id] = region
 
     def _copy_changed(self, tensors: dict[str, Any], ties: dict[str, str]
                       ) -> tuple[dict[str, Any], _Region | None]:
@@ -426,13 +428,14 @@ class Snapshotter:
             self._recycle(region)
 
     # ------------------------------------------------------------------ hand-over
-    def _submit(self, job: dict[str, Any], region: _Region | None) -> None:
+    def _submit(self, payload: bytes, region: _Region | None) -> None:
+        """Hand over one job (its JSON, serialised once, is the copy of all but tensors)."""
         if self.committer == "thread":
-            self._queue.put((job, region))
+            self._queue.put((payload, region))
             return
         from vrl.committer import send_message
 
-        send_message(self._sock, job, region.fd if region is not None else None)
+        send_message(self._sock, payload, region.fd if region is not None else None)
 
     def _on_ack(self, ack: dict[str, Any]) -> None:
         """Called on the committer's side of the parent (reader or worker thread)."""
@@ -503,7 +506,8 @@ class Snapshotter:
 
     def _run_thread(self) -> None:
         while (item := self._queue.get()) is not None:
-            job, region = item
+            payload, region = item
+            job = json.loads(payload)
             ack: dict[str, Any] = {"id": job["id"]}
             view = memoryview(region.mm) if region is not None else None
             try:

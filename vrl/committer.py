@@ -41,6 +41,7 @@ _HEADER = struct.Struct("!Q")
 NUMPY_STATS_MAX = 1 << 22
 _NUMPY_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8",
                  "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
+NICENESS = 5  # the committer process's CPU priority below the trainer's
 MAX_MESSAGE = 1 << 30  # a job description is small; anything bigger is a broken stream
 BEST_REASON = "snapshotter: best"  # reflog reason marking a best tag a Snapshotter set
 
@@ -277,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     # socket; we stop at that end of file, never with half the received jobs committed.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Training comes first: on a machine without idle cores the committer yields to it
+    # (backpressure stops the trainer if the committer falls too far behind).
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
     sock = socket.socket(fileno=int(args[0]))
     try:
         return _serve(sock)

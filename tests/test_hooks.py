@@ -2,9 +2,11 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -16,6 +18,11 @@ from vrl.errors import PrunedError, VrlError
 from vrl.hooks import Snapshotter, rng_state, set_rng_state
 
 
+@pytest.fixture(params=["process", "thread"])
+def committer(request):
+    return request.param
+
+
 def train_steps(model, opt, n, seed=0):
     g = torch.Generator().manual_seed(seed)
     for _ in range(n):
@@ -25,11 +32,12 @@ def train_steps(model, opt, n, seed=0):
         opt.step()
 
 
-def test_snapshots_hold_model_optimizer_rng_and_metadata(repo):
+def test_snapshots_hold_model_optimizer_rng_and_metadata(repo, committer):
     model = small_policy()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     expected = []
-    with Snapshotter(repo, model, opt, every=2, branch="run", hparams={"lr": 1e-2}) as snap:
+    with Snapshotter(repo, model, opt, every=2, branch="run", hparams={"lr": 1e-2},
+                     committer=committer) as snap:
         for it in range(6):
             train_steps(model, opt, 1, seed=it)
             if snap.step(it, metrics={"return": float(it)}):
@@ -57,18 +65,28 @@ def test_restoring_rng_state_reproduces_random_draws():
     assert (random.random(), np.random.rand(), torch.rand(1)) == a
 
 
-def test_unchanged_layers_are_not_copied_or_rehashed(repo, monkeypatch):
+def test_unchanged_layers_are_not_copied_or_rehashed(repo, monkeypatch, committer):
+    import vrl.hooks
+
+    copied = []
+    real_copy = vrl.hooks._copy_into
+    monkeypatch.setattr(vrl.hooks, "_copy_into",
+                        lambda dst, value: (copied.append(tuple(value.shape)),
+                                            real_copy(dst, value)))
     model = small_policy()
     model[0].requires_grad_(False)  # a frozen layer
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    snap = Snapshotter(repo, model, opt, include_rng=False)
+    snap = Snapshotter(repo, model, opt, include_rng=False, committer=committer)
     snap.step(0)
     snap.flush()
+    assert len(copied) == 4  # every tensor once
     first = repo.read_manifest(repo.read_commit(repo.head()).manifest)
     objects_before = set(repo.objects.ids())
+    copied.clear()
     train_steps(model, opt, 1)
     snap.step(1)
     snap.close()
+    assert sorted(copied) == [(4,), (4, 32)]  # layer 2 only: layer 0 was not copied again
     second = repo.read_manifest(repo.read_commit(repo.head()).manifest)
     assert second.tensors["model/0.weight"].id == first.tensors["model/0.weight"].id
     assert second.tensors["model/2.weight"].id != first.tensors["model/2.weight"].id
@@ -78,10 +96,10 @@ def test_unchanged_layers_are_not_copied_or_rehashed(repo, monkeypatch):
     assert [lc.layer for lc in repo.diff("HEAD").material] == ["model/2"]
 
 
-def test_snapshot_is_isolated_from_later_training(repo):
+def test_snapshot_is_isolated_from_later_training(repo, committer):
     model = small_policy()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    snap = Snapshotter(repo, model, opt, queue_size=4)
+    snap = Snapshotter(repo, model, opt, queue_size=4, committer=committer)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     snap.step(0)
     train_steps(model, opt, 3)  # may run while the commit is still queued
@@ -89,79 +107,280 @@ def test_snapshot_is_isolated_from_later_training(repo):
     assert_same(before, repo.load("HEAD")["model"])
 
 
-def test_background_error_surfaces_at_next_call(repo, monkeypatch):
+def test_background_error_surfaces_at_next_call(repo, committer):
     model = small_policy()
-    snap = Snapshotter(repo, model)
-
-    def broken(*args, **kwargs):
-        raise OSError("disk on fire")
-
-    monkeypatch.setattr(repo, "commit", broken)
+    snap = Snapshotter(repo, model, branch="run", committer=committer, include_rng=False)
     snap.step(0)
-    with pytest.raises(VrlError, match="background snapshot failed: disk on fire"):
-        snap.flush()
-    monkeypatch.undo()
-    snap.step(1)
-    snap.close()
-    assert [e.commit.step for e in repo.log()] == [1]
-
-
-def test_backpressure_blocks_instead_of_queueing_without_bound(repo, monkeypatch):
-    model = small_policy()
-    snap = Snapshotter(repo, model, queue_size=1, include_rng=False)
-    real = repo.commit
-    monkeypatch.setattr(repo, "commit", lambda *a, **k: (time.sleep(0.3), real(*a, **k))[1])
-    start = time.perf_counter()
-    for i in range(4):
+    snap.flush()
+    objects = repo.vrl_dir / "objects"
+    objects.rename(repo.vrl_dir / "objects.away")
+    objects.write_text("not a directory")  # a real failure: no object can be written
+    try:
         with torch.no_grad():
             model[0].bias.add_(1)
-        snap.step(i)
-    elapsed = time.perf_counter() - start
+        snap.step(1)
+        with pytest.raises(VrlError, match="background snapshot failed: "):
+            snap.flush()
+    finally:
+        objects.unlink()
+        (repo.vrl_dir / "objects.away").rename(objects)
+    with torch.no_grad():
+        model[2].bias.add_(1)
+    snap.step(2)  # goes in full: the failed snapshot's tensors are not in the store
     snap.close()
-    assert elapsed > 0.5  # the 3rd and 4th calls had to wait for the committer
-    assert len(repo.log()) == 4
+    assert [e.commit.step for e in repo.log("run")] == [2, 0]
+    assert_same(model.state_dict(), repo.load("run")["model"])
+    assert repo.fsck()["ok"]
 
 
-def test_best_snapshot_is_tagged_and_tag_moves(repo):
+class held_ref_lock:
+    """Hold a branch's ref lock as a live vrl process would: commits to it wait."""
+
+    def __init__(self, repo, branch):
+        self.path = repo.vrl_dir / "refs" / "heads" / f"{branch}.lock"
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(f"{os.getpid()} {socket.gethostname()}\n")
+        return self
+
+    def release(self):
+        self.path.unlink(missing_ok=True)
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_step_returns_before_the_commit_lands(repo, committer):
     model = small_policy()
-    with Snapshotter(repo, model, best_metric="return") as snap:
+    snap = Snapshotter(repo, model, branch="run", committer=committer)
+    with held_ref_lock(repo, "run"):  # the committer cannot finish while we hold it
+        start = time.perf_counter()
+        snap.step(0)
+        elapsed = time.perf_counter() - start
+        time.sleep(0.5)
+        assert repo.refs.read("refs/heads/run") is None  # not committed yet ...
+    assert elapsed < 5  # ... yet step returned (a synchronous commit waits 10 s)
+    snap.close()
+    assert [e.commit.step for e in repo.log("run")] == [0]
+
+
+def test_backpressure_blocks_instead_of_queueing_without_bound(repo, committer):
+    model = small_policy()
+    snap = Snapshotter(repo, model, branch="run", queue_size=1, include_rng=False,
+                       committer=committer)
+    took = []
+    with held_ref_lock(repo, "run") as lock:
+        threading.Timer(1.5, lock.release).start()
+        for i in range(4):
+            with torch.no_grad():
+                model[0].bias.add_(1)
+            start = time.perf_counter()
+            snap.step(i)
+            took.append(time.perf_counter() - start)
+    snap.close()
+    assert max(took[:2]) < 1.0  # two in flight (one committing, one waiting) ...
+    assert took[2] > 0.5  # ... the third waits for the committer
+    assert len(repo.log("run")) == 4
+
+
+def test_best_snapshot_is_tagged_and_tag_moves(repo, committer):
+    model = small_policy()
+    with Snapshotter(repo, model, best_metric="return", committer=committer) as snap:
         for it, ret in enumerate([1.0, 5.0, 3.0, 7.0, 2.0]):
             with torch.no_grad():
                 model[0].bias.add_(1)
             snap.step(it, metrics={"return": ret})
-    assert repo.read_commit(repo.resolve("best")).metrics["return"] == 7.0
+    by_step = {e.commit.step: e.id for e in repo.log()}
+    assert repo.tags() == {"best/main": by_step[3]}
+    # it moved exactly at each improvement
+    assert [e.new for e in repo.refs.reflog("refs/tags/best/main")] == \
+        [by_step[3], by_step[1], by_step[0]]
+    # a resumed run keeps the best so far and moves it only past it
+    with Snapshotter(repo, model, best_metric="return", committer=committer) as snap:
+        for it, ret in [(5, 6.0), (6, 8.0)]:
+            with torch.no_grad():
+                model[0].bias.add_(1)
+            snap.step(it, metrics={"return": ret})
+    assert repo.read_commit(repo.resolve("best/main")).step == 6
+
+
+def test_a_users_own_best_tag_is_never_moved(repo, committer):
+    model = small_policy()
+    first = repo.commit(model, env=False)
+    repo.tag("best", first)
+    repo.tag("best-run", first)
+    with pytest.raises(VrlError, match="clashes with tag 'best'"):
+        Snapshotter(repo, model, best_metric="return", committer=committer)
+    with pytest.raises(VrlError, match="not set by a Snapshotter"):
+        Snapshotter(repo, model, best_metric="return", best_tag="best-run",
+                    committer=committer)
+    with Snapshotter(repo, model, best_metric="return", best_tag="top",
+                     committer=committer) as snap:
+        with torch.no_grad():
+            model[0].bias.add_(1)
+        snap.step(1, metrics={"return": 1.0})
+    assert repo.tags()["best"] == repo.tags()["best-run"] == first
+    assert repo.tags()["top"] == repo.head() != first
+
+
+MUTATIONS = ["data_element", "data_copy", "no_grad_inplace", "view_write", "resize",
+             "negative_zero", "nan_payload"]
+
+
+def mutate(kind, state, rng):
+    """Writes RL code makes that the autograd version counter may not see."""
+    w, t = state["w"], state["t"]
+    if kind == "data_element":  # one element, at a random position
+        i, j = rng.randrange(w.shape[0]), rng.randrange(w.shape[1])
+        w.data[i, j] += 0.5
+    elif kind == "data_copy":  # a soft target-network update
+        w.data.copy_(0.99 * w.data + 0.01 * torch.ones_like(w))
+    elif kind == "no_grad_inplace":
+        with torch.no_grad():
+            w.mul_(1.5)
+    elif kind == "view_write":
+        w.data.view(-1)[rng.randrange(w.numel())] = 42.0
+    elif kind == "resize":
+        t.data = torch.cat([t.data, torch.ones(3)])  # same tensor object, grown
+    elif kind == "negative_zero":
+        k = rng.randrange(t.numel())
+        t.data[k] = 0.0
+        return lambda: t.data.__setitem__(k, -0.0)
+    elif kind == "nan_payload":
+        k = rng.randrange(t.numel())
+        t.data.view(torch.int32)[k] = 0x7FC00000
+        return lambda: t.data.view(torch.int32).__setitem__(k, 0x7FC00001)
+    return None
+
+
+def exact_state():
+    torch.manual_seed(1)
+    # 256 kB: big enough that the old sampled probe could miss a write
+    return {"w": torch.nn.Parameter(torch.randn(256, 256)), "t": torch.randn(1000)}
+
+
+@pytest.mark.parametrize("kind", MUTATIONS)
+def test_every_write_is_committed_by_the_snapshotter(repo, kind, committer):
+    import random
+
+    state = exact_state()
+    rng = random.Random(kind)
+    expected = []
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        snap.step(0)
+        expected.append({k: v.detach().clone() for k, v in state.items()})
+        for i in range(1, 4):
+            second = mutate(kind, state, rng)
+            if second is not None:  # a change the first write set up: snapshot between
+                snap.step(i * 10)
+                expected.append({k: v.detach().clone() for k, v in state.items()})
+                second()
+            snap.step(i)
+            expected.append({k: v.detach().clone() for k, v in state.items()})
+    log = list(reversed(repo.log()))
+    assert len(log) == len(expected)
+    for entry, want in zip(log, expected, strict=True):
+        assert_same(want, repo.load(entry.id))
+
+
+@pytest.mark.parametrize("kind", MUTATIONS)
+def test_every_write_is_committed_by_a_bare_commit(repo, kind):
+    import random
+
+    state = exact_state()
+    rng = random.Random(kind)
+    repo.commit(state, env=False)
+    for _ in range(3):
+        second = mutate(kind, state, rng)
+        if second is not None:
+            repo.commit(state, env=False)
+            second()
+        cid = repo.commit(state, env=False)  # raises "nothing changed" if a write is missed
+        assert_same({k: v.detach() for k, v in state.items()}, repo.load(cid))
+
+
+def test_rehash_is_a_no_op_kept_for_compatibility(repo):
+    state = exact_state()
+    repo.commit(state, env=False)
+    state["w"].data[7, 11] += 0.5  # the write issue 8 found lost without rehash=True
+    a = repo.commit(state, env=False)
+    state["w"].data[7, 11] += 0.5
+    b = repo.commit(state, env=False, rehash=True)
+    assert repo.load(a)["w"][7, 11] + 0.5 == repo.load(b)["w"][7, 11]
 
 
 SIGTERM_SCRIPT = textwrap.dedent("""
-    import sys, time, torch
+    import os, signal, socket, sys, threading, time, torch
     from vrl import Repo
     from vrl.hooks import Snapshotter
     repo = Repo(sys.argv[1])
+    def mine(signum, frame):
+        print("previous handler called", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, mine)
     model = torch.nn.Linear(64, 64)
-    real = repo.commit
-    def slow(*a, **k):
-        time.sleep(0.5)
-        return real(*a, **k)
-    repo.commit = slow
-    snap = Snapshotter(repo, model, queue_size=4)
+    snap = Snapshotter(repo, model, branch="run", queue_size=4, committer=sys.argv[2])
+    lock = repo.vrl_dir / "refs" / "heads" / "run.lock"  # hold the committer back
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(f"{os.getpid()} {socket.gethostname()}")
     for i in range(3):
         with torch.no_grad():
             model.weight.add_(1)
         snap.step(i)
+    threading.Timer(1.5, lock.unlink).start()
     print("queued", flush=True)
     time.sleep(60)
 """)
 
 
-def test_sigterm_flushes_pending_snapshots(tmp_path):
+def test_sigterm_flushes_pending_snapshots(tmp_path, committer):
     Repo.init(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path), committer],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "queued"
+    assert Repo(tmp_path).refs.read("refs/heads/run") is None  # nothing committed yet
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=60) == 7  # our handler flushed, then called the previous one
+    assert proc.stdout.read().strip() == "previous handler called"
     repo = Repo(tmp_path)
-    assert [e.commit.step for e in repo.log()] == [2, 1, 0]
+    assert [e.commit.step for e in repo.log("run")] == [2, 1, 0]
+    assert repo.fsck()["ok"]
+
+
+SIGKILL_SCRIPT = textwrap.dedent("""
+    import os, signal, socket, sys, torch
+    from vrl import Repo
+    from vrl.hooks import Snapshotter
+    repo = Repo(sys.argv[1])
+    model = torch.nn.Linear(64, 64)
+    snap = Snapshotter(repo, model, branch="run", queue_size=4)
+    lock = repo.vrl_dir / "refs" / "heads" / "run.lock"  # held until we die
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(f"{os.getpid()} {socket.gethostname()}")
+    for i in range(3):
+        with torch.no_grad():
+            model.weight.add_(1)
+        snap.step(i)
+    print(snap._proc.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_committer_process_commits_what_it_received_when_the_trainer_is_killed(tmp_path):
+    Repo.init(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", SIGKILL_SCRIPT, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split()[2] == "Z":
+                break
+        time.sleep(0.1)
+    repo = Repo(tmp_path)
+    assert [e.commit.step for e in repo.log("run")] == [2, 1, 0]
     assert repo.fsck()["ok"]
 
 
@@ -186,9 +405,10 @@ def test_prune_keeps_recent_tagged_best_and_gc_frees_the_rest(repo):
     assert repo.fsck()["ok"]
 
 
-def test_snapshotter_applies_retention(repo):
+def test_snapshotter_applies_retention(repo, committer):
     model = torch.nn.Linear(4, 4)
-    with Snapshotter(repo, model, keep_last=2, include_rng=False) as snap:
+    with Snapshotter(repo, model, keep_last=2, include_rng=False,
+                     committer=committer) as snap:
         for i in range(5):
             with torch.no_grad():
                 model.bias.add_(1)
@@ -234,3 +454,27 @@ def test_pruned_snapshot_is_fetched_back_from_a_remote(tmp_path):
     repo.gc(grace=0)
     with pytest.raises(PrunedError, match="add a remote that still has it"):
         repo.load(ids[1])
+
+
+def test_committer_option_is_checked(repo):
+    with pytest.raises(VrlError, match="committer must be 'process' or 'thread'"):
+        Snapshotter(repo, small_policy(), committer="fork")
+
+
+def test_committer_process_does_not_import_torch_for_a_small_policy(repo, tmp_path,
+                                                                    monkeypatch):
+    # importing torch takes seconds of CPU, which a small machine takes from training
+    poison = tmp_path / "poison" / "torch"
+    poison.mkdir(parents=True)
+    (poison / "__init__.py").write_text("raise ImportError('the committer imported torch')")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(poison.parent), os.environ.get("PYTHONPATH", "")]))
+    model = small_policy()
+    with Snapshotter(repo, model, committer="process", best_metric="r",
+                     keep_last=2) as snap:
+        for i in range(3):
+            with torch.no_grad():
+                model[0].bias.add_(1)
+            snap.step(i, metrics={"r": float(i)})
+    assert [e.commit.step for e in repo.log()] == [2, 1, 0]
+    assert repo.diff("HEAD").material

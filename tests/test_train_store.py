@@ -1,5 +1,10 @@
 """Training through the store: snapshots, exact resume, branching, dirty-layer training."""
 
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from helpers import assert_same
@@ -9,6 +14,7 @@ from trainer.dirty_layers import DirtyLayerConfig, DirtyLayerController
 from trainer.envs.warehouse import WarehouseEnv
 from trainer.store_hook import StoreHook
 from trainer.train import Trainer
+from vrl import Repo
 
 
 def make_trainer(config_cls=PPOConfig, iterations=6, hooks=(), **kw):
@@ -146,3 +152,75 @@ def test_gspo_trains_with_a_fully_frozen_network():
     after = weights(trainer)
     assert torch.equal(before["actor.0.weight"], after["actor.0.weight"])
     assert not torch.equal(before["critic.0.weight"], after["critic.0.weight"])
+
+
+def test_resume_from_a_mid_run_snapshot_is_bit_identical(repo):
+    """A snapshot taken while the run went on (not its last) resumes exactly: what the
+    Snapshotter committed is the state at the moment it was called."""
+    hook = StoreHook(repo, branch="run")
+    straight = make_trainer(GSPOConfig, iterations=6, hooks=[hook], hessian_interval=2)
+    straight.train()
+    hook.close()
+    log = repo.log("run")
+    assert [e.commit.meta["iteration"] for e in log] == [6, 5, 4, 3, 2, 1]
+    middle = next(e.id for e in log if e.commit.meta["iteration"] == 3)
+    resumed = make_trainer(GSPOConfig, iterations=6, hessian_interval=2)
+    resumed.load_state_dict(repo.load(middle))
+    assert resumed.iteration == 3
+    resumed.train()
+    assert_same(weights(straight), weights(resumed))
+    assert_same(straight.optimizer.state_dict(), resumed.optimizer.state_dict())
+    assert_same(repo.load("run")["model"], weights(resumed))
+
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import signal, sys
+    import trainer.store_hook as store_hook
+    from vrl.cli import main
+
+    real = store_hook.StoreHook._snapshot
+    def announce(self, trainer, iteration, metrics):
+        real(self, trainer, iteration, metrics)
+        print(f"queued {iteration}", flush=True)
+    store_hook.StoreHook._snapshot = announce
+
+    def mine(signum, frame):
+        print("previous handler called", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, mine)
+    code = main(["train", "--set", "num_envs=2", "--set", "num_steps=16",
+                 "--set", "hidden_sizes=[16]", "--set", "num_minibatches=2",
+                 "--set", "update_epochs=1", "--set", "env.num_agents=4",
+                 "--set", "env.max_steps=8", "--no-progress", "--device", "cpu",
+                 "--steps", "1000000", "--branch", "run"])
+    print(f"restored {signal.getsignal(signal.SIGTERM) is mine}", flush=True)
+    sys.exit(code)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_vrl_train_interrupted_commits_every_queued_snapshot(tmp_path, sig):
+    """SIGTERM or Ctrl-C mid-run: every snapshot handed over is committed, and the signal
+    handler that was there before the run is back (SIGTERM: it is then called)."""
+    Repo.init(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN_SCRIPT], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = []
+    while not lines or lines[-1] != "queued 3":
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        lines.append(line.strip())
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    lines += out.strip().splitlines()
+    queued = [int(x.split()[1]) for x in lines if x.startswith("queued ")]
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 7 and "previous handler called" in lines, err
+    else:
+        assert proc.returncode == 130 and "restored True" in lines, err
+    repo = Repo(tmp_path)
+    committed = [e.commit.meta["iteration"] for e in repo.log("run")]
+    # every queued snapshot is in (one handed over just as the signal came may be too)
+    assert committed[::-1] == list(range(1, len(committed) + 1))
+    assert set(queued) <= set(committed) and len(committed) <= len(queued) + 1
+    assert repo.fsck()["ok"]

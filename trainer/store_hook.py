@@ -3,8 +3,9 @@
 Every `every` iterations it snapshots the complete trainer state (model, optimizer and
 algorithm state, every RNG, counters, environment state) with the resolved config as
 hyperparameters and the iteration's metrics, through a background `vrl.Snapshotter`.
-The best snapshot by `best_metric` carries a tag that moves with it; `keep_last` applies
-retention as the run goes.
+The best snapshot by `best_metric` carries a tag that moves with it (`best/<branch>` unless
+`best_tag` says otherwise; a tag the Snapshotter did not set is never moved); `keep_last`
+applies retention as the run goes.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ class StoreHook(Hook):
     """Commit trainer snapshots to a vrl repository while training."""
 
     def __init__(self, repo: Repo | str, *, every: int = 1, branch: str | None = None,
-                 best_metric: str | None = "charts/return_last100", best_tag: str = "best",
-                 keep_last: int | None = None, queue_size: int = 2) -> None:
+                 best_metric: str | None = "charts/return_last100", best_tag: str | None = None,
+                 keep_last: int | None = None, queue_size: int = 2,
+                 committer: str | None = None) -> None:
         self.repo = repo if isinstance(repo, Repo) else Repo(repo)
         self.every, self.branch = max(1, every), branch
         self.best_metric, self.best_tag = best_metric, best_tag
         self.keep_last, self.queue_size = keep_last, queue_size
+        self.committer = committer  # the Snapshotter's: "process" | "thread" | its default
         self.snapshotter: Snapshotter | None = None
         self._earlier: list[str] = []  # commits of snapshotters closed by earlier train()s
         self._eval: dict[str, float] = {}
@@ -57,7 +60,8 @@ class StoreHook(Hook):
                 self.repo, state_fn=lambda: trainer_state(trainer), every=1,
                 branch=self.branch, queue_size=self.queue_size,
                 best_metric=self.best_metric, best_tag=self.best_tag,
-                keep_last=self.keep_last, hparams=config_to_dict(trainer.config))
+                keep_last=self.keep_last, hparams=config_to_dict(trainer.config),
+                committer=self.committer)
 
     def on_evaluation(self, trainer: Trainer, iteration: int, metrics: dict[str, float]
                       ) -> None:

@@ -1,4 +1,4 @@
-"""Snapshots from any PyTorch training loop, committed in the background.
+"""Snapshots from any PyTorch training loop, committed off the training path.
 
     snap = vrl.Snapshotter(repo, model, optimizer, every=10, branch="run-1")
     for it in range(n):
@@ -6,31 +6,47 @@
         snap.step(it, metrics={"return": ret})   # copies changed tensors, returns at once
     snap.close()                                  # (or use it as a context manager)
 
-The training thread pays only for copying tensors that changed since the last snapshot
-(unchanged ones are recognised by the autograd version counter plus a sampled probe, and
-their previous copy is reused, so the store does not re-hash them either). Commits run on a
-background thread behind a bounded queue: when the store falls behind, `step` blocks
-(backpressure) instead of piling up copies. A background failure is raised in the training
-thread at the next call. Pending snapshots are flushed on close, at interpreter exit, on
-Ctrl-C (the KeyboardInterrupt reaches the `with` block) and on SIGTERM.
+The training thread pays only for handing over the tensors that changed since the last
+snapshot: it copies them into one shared-memory region and sends a small JSON job to a
+committer process (`vrl.committer`), which hashes, computes layer statistics, writes and
+fsyncs objects, moves the branch and the best tag and applies retention, without competing
+with training for the GIL. Change detection is exact: a tensor whose autograd version
+counter moved is copied; one whose counter did not move (a write through `.data` does not
+move it) is byte-compared with the copy held from the last snapshot, and copied if any byte
+differs. `committer="thread"` commits on a thread of the training process instead (the
+default where the process mode is unavailable: no memfd / descriptor passing).
+
+At most `queue_size + 1` snapshots are in flight: when the committer falls behind, `step`
+blocks (backpressure). A background failure is raised in the training thread at the next
+call. Pending snapshots are flushed on close, at interpreter exit, on Ctrl-C (the
+KeyboardInterrupt reaches the `with` block) and on SIGTERM; if the training process is
+killed outright, the committer process still commits every snapshot it received.
 """
 
 from __future__ import annotations
 
 import atexit
-import copy
-import math
+import collections
+import json
+import mmap
+import os
 import queue
 import random
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vrl.errors import VrlError
 from vrl.repo import Repo
+
+ALIGN = 64  # tensor offsets in a region: any dtype may view its bytes
+CLOSE_TIMEOUT = 600.0  # seconds the committer process gets to finish after close()
 
 
 def rng_state() -> dict[str, Any]:
@@ -64,16 +80,73 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.npu.set_rng_state(state["npu"].clone())
 
 
+
+def process_mode_available() -> bool:
+    """Shared-memory hand-over needs anonymous files and descriptor passing (Linux)."""
+    return hasattr(os, "memfd_create") and hasattr(socket, "SCM_RIGHTS") and \
+        hasattr(socket, "socketpair") and sys.platform.startswith("linux")
+
+
+class _Region:
+    """The bytes of one snapshot's copied tensors: a memfd shared with the committer
+    process, or anonymous memory in thread mode. Reused once nothing views it."""
+
+    def __init__(self, size: int, shared: bool) -> None:
+        import torch
+
+        self.size = size
+        self.fd = os.memfd_create("vrl-snapshot", os.MFD_CLOEXEC) if shared else None
+        if self.fd is not None:
+            os.ftruncate(self.fd, size)
+            # populate now: faulting in fresh pages one by one would cost the loop more
+            self.mm = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED |
+                                getattr(mmap, "MAP_POPULATE", 0))
+        else:
+            self.mm = mmap.mmap(-1, size)
+        self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.used = 0  # bytes the current snapshot placed in it
+        self.held = 0  # bytes of held copies (the last snapshot's) still viewing it
+        self.in_flight = False
+
+    def close(self) -> None:
+        del self.bytes
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive somewhere; unmapped with it
+            pass
+
+
 @dataclass
-class _Job:
-    state: Any
-    message: str
-    step: int | None
-    metrics: dict[str, Any]
-    hparams: dict[str, Any]
-    meta: dict[str, Any]
-    done: threading.Event = field(default_factory=threading.Event)
-    commit: str | None = None
+class _Held:
+    """The copy of a tensor taken at the last snapshot, with what identified it then."""
+    key: tuple
+    version: int | None
+    copy: Any  # a flat uint8 tensor
+    region: _Region | None  # the region it views (None: private memory)
+
+
+def _copy_into(dst: Any, value: Any) -> None:
+    """Copy a live tensor / array's bytes into `dst` (flat uint8). One call per copy."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.numel():
+            dst.view(value.dtype).view(value.shape).copy_(value.detach())
+    else:
+        dst.numpy()[:] = value
+
+
+def _flat_bytes(value: Any) -> Any:
+    """A CPU, contiguous, flat uint8 view (or copy, for other devices) of a tensor."""
+    import torch
+
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 _LIVE: weakref.WeakSet[Snapshotter] = weakref.WeakSet()
@@ -91,59 +164,106 @@ atexit.register(_flush_all)
 
 
 class Snapshotter:
-    """Commit training snapshots from any loop, in the background.
+    """Commit training snapshots from any loop, off the training path.
 
     Args:
         repo: the repository (or a path to one).
         model, optimizer: what to snapshot; or pass `state_fn` returning the whole tree.
         every: commit every `every` calls of `step` (1 = each call).
         branch: the branch to commit on (created if missing); None = HEAD's branch.
-        queue_size: snapshots that may wait for the committer before `step` blocks.
+        queue_size: snapshots that may wait for the committer (beyond the one it is
+            committing) before `step` blocks.
         best_metric: a metric name; the best snapshot so far carries tag `best_tag`.
         mode: "max" or "min" for `best_metric`.
+        best_tag: the tag that follows the best snapshot; default `best/<branch>`. A tag
+            the Snapshotter did not set is never moved (an error at construction).
         keep_last: after each commit, prune snapshots older than the last N (tagged and best
             ones are kept); `vrl gc` then frees their tensor data. None disables.
         include_rng: add every global RNG state under "rng" (with model/optimizer).
+        committer: "process" (default where available: a committer process fed through
+            shared memory, so commits never compete with training for the GIL) or "thread".
     """
 
     def __init__(self, repo: Repo | str, model: Any = None, optimizer: Any = None, *,
                  state_fn: Callable[[], Any] | None = None, every: int = 1,
                  branch: str | None = None, queue_size: int = 2,
-                 best_metric: str | None = None, mode: str = "max", best_tag: str = "best",
-                 keep_last: int | None = None, include_rng: bool = True,
-                 hparams: dict[str, Any] | None = None, env: bool = True,
-                 handle_sigterm: bool = True) -> None:
+                 best_metric: str | None = None, mode: str = "max",
+                 best_tag: str | None = None, keep_last: int | None = None,
+                 include_rng: bool = True, hparams: dict[str, Any] | None = None,
+                 env: bool = True, handle_sigterm: bool = True,
+                 committer: str | None = None) -> None:
         if model is None and state_fn is None:
             raise VrlError("Snapshotter needs a model or a state_fn")
         if mode not in ("max", "min"):
             raise VrlError("mode must be 'max' or 'min'")
+        committer = committer or ("process" if process_mode_available() else "thread")
+        if committer not in ("process", "thread"):
+            raise VrlError(f"committer must be 'process' or 'thread', not {committer!r}")
+        if committer == "process" and not process_mode_available():
+            raise VrlError("committer='process' needs Linux (memfd and descriptor "
+                           "passing); use committer='thread'")
         self.repo = repo if isinstance(repo, Repo) else Repo(repo)
         self.model, self.optimizer, self.state_fn = model, optimizer, state_fn
         self.every = max(1, every)
         self.ref = f"refs/heads/{branch}" if branch else "HEAD"
-        self.best_metric, self.mode, self.best_tag = best_metric, mode, best_tag
+        self.best_metric, self.mode = best_metric, mode
+        self.best_tag = best_tag or f"best/{branch or self.repo.current_branch() or 'HEAD'}"
         self.keep_last, self.include_rng, self.hparams = keep_last, include_rng, hparams or {}
+        self.committer = committer
+        best, best_at = self._owned_best() if best_metric else (None, None)
         self._env = self.repo_env() if env else {}
-        self._best: float | None = self._tagged_best()
         self._calls = 0
-        self._shadow: dict[str, tuple[tuple, int, bytes, Any]] = {}
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, queue_size))
+        self._held: dict[str, _Held] = {}
+        self._free: list[_Region] = []
+        self._limit = max(1, queue_size) + 1
+        self._in_flight: dict[int, _Region | None] = {}
+        self._finished: collections.deque[_Region] = collections.deque()
+        self._early: set[int] = set()  # acknowledged before they were registered
+        self._cv = threading.Condition()
+        self._next_id = 0
+        self._reset = False
         self._error: BaseException | None = None
+        self._dead: str | None = None
         self._closed = False
         self.commits: list[str] = []
-        self._thread = threading.Thread(target=self._run, name="vrl-snapshotter", daemon=True)
-        self._thread.start()
+        config = {"ref": self.ref, "env": self._env, "best_metric": best_metric,
+                  "mode": mode, "best_tag": self.best_tag, "best": best, "best_at": best_at,
+                  "keep_last": keep_last}
+        if committer == "process":
+            self._start_process(config)
+        else:
+            from vrl.committer import CommitWorker
+
+            self._worker = CommitWorker(self.repo, **config)
+            self._queue: queue.Queue[tuple[bytes, _Region | None] | None] = queue.Queue()
+            self._thread = threading.Thread(target=self._run_thread, name="vrl-snapshotter",
+                                            daemon=True)
+            self._thread.start()
         _LIVE.add(self)
         if handle_sigterm:
             self._install_sigterm()
 
-    def _tagged_best(self) -> float | None:
-        """The metric of the snapshot already tagged best (a resumed run keeps it)."""
-        if not self.best_metric:
-            return None
-        tagged = self.repo.tags().get(self.best_tag)
-        value = self.repo.read_commit(tagged).metrics.get(self.best_metric) if tagged else None
-        return float(value) if isinstance(value, (int, float)) else None
+    def _owned_best(self) -> tuple[float | None, str | None]:
+        """The metric and commit of the snapshot already tagged best (a resumed run keeps
+        it). Refuses a tag that a Snapshotter did not set: it is the user's, not ours."""
+        from vrl.committer import BEST_REASON
+
+        name = self.best_tag
+        tags = self.repo.tags()
+        clash = [t for t in tags if name.startswith(t + "/") or t.startswith(name + "/")]
+        if clash:
+            raise VrlError(f"best tag {name!r} clashes with tag {clash[0]!r}; pass another "
+                           "best_tag (--best-tag)")
+        tagged = tags.get(name)
+        if tagged is None:
+            return None, None
+        log = self.repo.refs.reflog(f"refs/tags/{name}")
+        if not log or log[0].new != tagged or not log[0].reason.startswith(BEST_REASON):
+            raise VrlError(f"tag {name!r} exists and was not set by a Snapshotter, which "
+                           "never moves a tag it did not create; pass another best_tag or "
+                           f"delete the tag (vrl tag -d {name})")
+        value = self.repo.read_commit(tagged).metrics.get(self.best_metric)
+        return (float(value) if isinstance(value, (int, float)) else None), tagged
 
     def repo_env(self) -> dict[str, Any]:
         from vrl import envinfo
@@ -164,7 +284,10 @@ class Snapshotter:
 
     def snapshot(self, step: int | None = None, metrics: dict[str, Any] | None = None,
                  message: str | None = None, meta: dict[str, Any] | None = None) -> None:
-        """Copy the state now and queue its commit (blocks while the queue is full)."""
+        """Copy the state now and hand its commit over (blocks while too many are in
+        flight). What is committed is the state at this call, whatever training does next."""
+        from vrl.tensors import flatten
+
         self._raise_pending()
         if self._closed:
             raise VrlError("this Snapshotter is closed")
@@ -172,23 +295,240 @@ class Snapshotter:
         if message is None:
             shown = ", ".join(f"{k} {_fmt(v)}" for k, v in list(metrics.items())[:2])
             message = f"iter {step}" + (f": {shown}" if shown else "")
-        job = _Job(self._copy(self._state()), message, step, metrics, dict(self.hparams),
-                   dict(meta or {}))
-        while True:  # wait for room, but notice a dead committer instead of hanging
-            try:
-                self._queue.put(job, timeout=0.5)
-                break
-            except queue.Full:
-                self._raise_pending()
+        self._wait(lambda: len(self._in_flight) < self._limit)
+        self._reap()
+        tensors, tree, ties = flatten(self._state())
+        job = {"id": self._next_id, "reset": self._reset, "tree": tree, "ties": ties,
+               "message": message, "step": step, "metrics": metrics,
+               "hparams": dict(self.hparams), "meta": dict(meta or {})}
+        try:  # the JSON is the copy of everything but the tensors
+            text = json.dumps(job, separators=(",", ":"), default=_plain)
+        except (TypeError, ValueError) as exc:
+            raise VrlError(f"snapshot metadata is not JSON: {exc}") from exc
+        specs, region = self._copy_changed(tensors, ties)
+        job_id = job["id"]
+        payload = (text[:-1] + ',"tensors":' + json.dumps(specs, separators=(",", ":"))
+                   + "}").encode()
+        self._next_id += 1
+        self._reset = False
+        if region is not None:
+            region.in_flight = True
+        try:
+            self._submit(payload, region)
+        except OSError as exc:
+            self._dead = self._dead or f"the committer process is gone ({exc})"
+            self._raise_pending()
+        # registered only once handed over: a signal handler that closes us meanwhile
+        # must not wait for a job the committer never got
+        with self._cv:
+            if job_id in self._early:  # acknowledged already
+                self._early.discard(job_id)
+                if region is not None:
+                    self._finished.append(region)
+            else:
+                self._in_flight[job_id] = region
 
+    def _copy_changed(self, tensors: dict[str, Any], ties: dict[str, str]
+                      ) -> tuple[dict[str, Any], _Region | None]:
+        """Decide per tensor: the same bytes as the held copy, or copy it now."""
+        import numpy as np
+        import torch
+
+        specs: dict[str, Any] = {}
+        todo: list[tuple[str, Any, tuple, int | None, str, int]] = []
+        for name, value in tensors.items():
+            if name in ties:
+                specs[name] = None
+                continue
+            if isinstance(value, torch.Tensor):
+                t = value.detach()
+                key = (str(t.device), t.untyped_storage().data_ptr() if t.numel() else 0,
+                       t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+                version = None if t.is_inference() else t._version
+                nbytes, dtype = t.numel() * t.element_size(), str(t.dtype).removeprefix(
+                    "torch.")
+            else:
+                value = np.ascontiguousarray(value)
+                if value.dtype.byteorder == ">":
+                    value = value.astype(value.dtype.newbyteorder("<"))
+                key = (value.__array_interface__["data"][0], value.shape, value.dtype.str)
+                version, nbytes, dtype = None, value.nbytes, f"numpy:{value.dtype.str}"
+            held = self._held.get(name)
+            # exact: an unchanged version counter is confirmed byte by byte (writes through
+            # `.data` or in-place ops on a detached alias do not move it)
+            if held is not None and held.key == key and held.version == version and \
+                    _same_bytes(value, held.copy):
+                specs[name] = {"same": True}
+                continue
+            todo.append((name, value, key, version, dtype, nbytes))
+        seen = set(tensors) - set(ties)
+        touched: set[_Region] = set()  # recycled at the end, when their fate is known
+        for name in list(self._held):
+            if name not in seen:
+                self._drop_held(name, touched)
+        offsets, size = [], 0
+        for *_rest, nbytes in todo:
+            offsets.append(size)
+            size += -(-nbytes // ALIGN) * ALIGN
+        region = self._alloc(size) if size else None
+        if region is not None:
+            region.used = size
+        for (name, value, key, version, dtype, nbytes), offset in zip(todo, offsets,
+                                                                     strict=True):
+            assert region is not None
+            dst = region.bytes[offset:offset + nbytes]
+            _copy_into(dst, value if isinstance(value, torch.Tensor)
+                       else value.reshape(-1).view(np.uint8))
+            self._drop_held(name, touched)
+            self._held[name] = _Held(key, version, dst, region)
+            region.held += nbytes
+            shape = list(value.shape)
+            specs[name] = {"dtype": dtype, "shape": shape, "offset": offset, "nbytes": nbytes}
+        for old in touched - {region}:
+            self._recycle(old)
+        return {n: specs[n] for n in tensors}, region
+
+    def _drop_held(self, name: str, touched: set[_Region]) -> None:
+        old = self._held.pop(name, None)
+        if old is not None and old.region is not None:
+            old.region.held -= old.copy.numel()
+            touched.add(old.region)
+
+    # ------------------------------------------------------------------ regions
+    def _alloc(self, size: int) -> _Region:
+        fits = [r for r in self._free if size <= r.size <= 2 * size + (1 << 20)]
+        if fits:
+            region = min(fits, key=lambda r: r.size)
+            self._free.remove(region)
+            return region
+        return _Region(-(-size // (1 << 16)) * (1 << 16), self.committer == "process")
+
+    def _recycle(self, region: _Region) -> None:
+        """Reuse a region nothing views any more; move the last held copies out of a
+        mostly stale one, so old regions do not pile up behind a few frozen tensors."""
+        if region.in_flight or region in self._free:
+            return
+        if region.held and region.held * 2 < region.used:
+            for held in self._held.values():
+                if held.region is region:
+                    held.copy, held.region = held.copy.clone(), None
+            region.held = 0
+        if region.held == 0:
+            self._free.append(region)
+            while len(self._free) > self._limit + 1:
+                self._free.pop(0).close()
+
+    def _reap(self) -> None:
+        """Regions of snapshots the committer has finished with become reusable."""
+        with self._cv:
+            done = list(self._finished)
+            self._finished.clear()
+        for region in done:
+            region.in_flight = False
+            self._recycle(region)
+
+    # ------------------------------------------------------------------ hand-over
+    def _submit(self, payload: bytes, region: _Region | None) -> None:
+        """Hand over one job (its JSON, serialised once, is the copy of all but tensors)."""
+        if self.committer == "thread":
+            self._queue.put((payload, region))
+            return
+        from vrl.committer import send_message
+
+        send_message(self._sock, payload, region.fd if region is not None else None)
+
+    def _on_ack(self, ack: dict[str, Any]) -> None:
+        """Called on the committer's side of the parent (reader or worker thread)."""
+        with self._cv:
+            if ack.get("commit"):
+                self.commits.append(ack["commit"])
+            if ack.get("error") and self._error is None:
+                self._error = VrlError(ack["error"])
+            if ack["id"] in self._in_flight:
+                region = self._in_flight.pop(ack["id"])
+                if region is not None:
+                    self._finished.append(region)
+            else:
+                self._early.add(ack["id"])
+            self._cv.notify_all()
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        """Wait for `ready`, but notice a dead committer instead of hanging."""
+        with self._cv:
+            while not ready():
+                if self._dead or self._error is not None:
+                    break
+                self._cv.wait(0.5)
+        self._raise_pending()
+
+    def _start_process(self, config: dict[str, Any]) -> None:
+        from vrl.committer import send_message
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            # its own session: a Ctrl-C in the terminal reaches only the trainer, which
+            # flushes; the committer then ends at the end of its input
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "vrl.committer", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+        except OSError as exc:
+            ours.close()
+            raise VrlError(f"cannot start the committer process: {exc}") from exc
+        finally:
+            theirs.close()
+        self._sock = ours
+        send_message(ours, {**config, "repo": str(self.repo.workdir),
+                            "fsync": self.repo.objects.fsync,
+                            "verify": self.repo.objects.verify_reads})
+        self._reader = threading.Thread(target=self._read_acks, name="vrl-committer-acks",
+                                        daemon=True)
+        self._reader.start()
+
+    def _read_acks(self) -> None:
+        from vrl.committer import recv_message
+
+        try:
+            while (message := recv_message(self._sock)) is not None:
+                self._on_ack(message[0])
+        except (OSError, VrlError, ValueError):
+            pass
+        code = self._proc.wait()
+        with self._cv:
+            if self._in_flight or not self._closed:
+                lost = len(self._in_flight)
+                self._dead = f"the committer process exited (code {code})" + \
+                    (f"; {lost} snapshot(s) may not be committed" if lost else "")
+            self._cv.notify_all()
+
+    def _run_thread(self) -> None:
+        while (item := self._queue.get()) is not None:
+            payload, region = item
+            job = json.loads(payload)
+            ack: dict[str, Any] = {"id": job["id"]}
+            view = memoryview(region.mm) if region is not None else None
+            try:
+                cid = self._worker.run(job, view)
+                ack.update({"commit": cid} if cid else {"skipped": True})
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                ack["error"] = str(exc) or type(exc).__name__
+            finally:
+                if view is not None:
+                    view.release()
+            self._on_ack(ack)
+
+    # ------------------------------------------------------------------ flush and close
     @property
     def closed(self) -> bool:
         return self._closed
 
     def flush(self) -> None:
-        """Wait until every queued snapshot is committed; raise a background error."""
-        self._queue.join()
-        self._raise_pending()
+        """Wait until every snapshot handed over is committed; raise a background error."""
+        self._wait(lambda: not self._in_flight)
+        self._reap()
 
     def close(self) -> None:
         """Flush and stop the committer (idempotent)."""
@@ -196,13 +536,36 @@ class Snapshotter:
             return
         self._closed = True
         try:
-            self._queue.join()
+            with self._cv:
+                while self._in_flight and not self._dead:
+                    self._cv.wait(0.5)
         finally:
-            self._queue.put(None)
-            self._thread.join()
+            self._stop()
             _LIVE.discard(self)
             self._restore_sigterm()
+            self._reap()
+            self._held.clear()
+            for region in self._free:
+                region.close()
+            self._free.clear()
         self._raise_pending()
+
+    def _stop(self) -> None:
+        if self.committer == "thread":
+            self._queue.put(None)
+            self._thread.join()
+            return
+        try:
+            self._sock.shutdown(socket.SHUT_WR)  # end of file: the committer exits
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=CLOSE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._dead = "the committer process did not finish in time and was killed"
+        self._reader.join()
+        self._sock.close()
 
     def __enter__(self) -> Snapshotter:
         return self
@@ -222,36 +585,21 @@ class Snapshotter:
             state["rng"] = rng_state()
         return state
 
-    def _copy(self, tree: Any, path: str = "") -> Any:
-        """Detach the snapshot from live training state: CPU copies of changed tensors,
-        the previous copy of unchanged ones, deep copies of everything else."""
-        import torch
-
-        from vrl.tensors import probe
-
-        if isinstance(tree, torch.Tensor):
-            key = (str(tree.device), tree.untyped_storage().data_ptr() if tree.numel() else 0,
-                   tree.storage_offset(), tuple(tree.shape), tree.stride(), tree.dtype)
-            version = -1 if tree.is_inference() else tree._version
-            sample = probe(tree) if tree.numel() else b""
-            old = self._shadow.get(path)
-            if old is not None and old[0] == key and old[1] == version and old[2] == sample:
-                return old[3]
-            cpu = tree.detach().to("cpu", copy=True)
-            self._shadow[path] = (key, version, sample, cpu)
-            return cpu
-        if isinstance(tree, dict):
-            return {k: self._copy(v, f"{path}/{k}") for k, v in tree.items()}
-        if isinstance(tree, list):
-            return [self._copy(v, f"{path}/{i}") for i, v in enumerate(tree)]
-        if isinstance(tree, tuple):
-            return tuple(self._copy(v, f"{path}/{i}") for i, v in enumerate(tree))
-        return copy.deepcopy(tree)
-
     def _raise_pending(self) -> None:
-        if self._error is not None:
+        with self._cv:
             error, self._error = self._error, None
+            dead = self._dead
+        if error is not None:
+            # the snapshots after the failed one were dropped; the next one goes in full
+            touched: set[_Region] = set()
+            for name in list(self._held):
+                self._drop_held(name, touched)
+            for region in touched:
+                self._recycle(region)
+            self._reset = True
             raise VrlError(f"background snapshot failed: {error}") from error
+        if dead is not None:
+            raise VrlError(f"background snapshot failed: {dead}")
 
     def _install_sigterm(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -278,37 +626,24 @@ class Snapshotter:
                 and signal.getsignal(signal.SIGTERM) is ours:
             signal.signal(signal.SIGTERM, previous)
 
-    # ------------------------------------------------------------------ committer thread
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                if self._error is None:  # after a failure, drop work until it is raised
-                    self._commit(job)
-            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                self._error = exc
-            finally:
-                if job is not None:
-                    job.done.set()
-                self._queue.task_done()
 
-    def _commit(self, job: _Job) -> None:
-        repo = self.repo
-        cid = repo.commit(job.state, message=job.message, hparams=job.hparams,
-                          metrics=job.metrics, step=job.step, env=self._env, meta=job.meta,
-                          allow_empty=True, ref=self.ref)
-        job.commit = cid
-        self.commits.append(cid)
-        value = job.metrics.get(self.best_metric) if self.best_metric else None
-        if isinstance(value, (int, float)) and math.isfinite(value) and (
-                self._best is None or (value > self._best if self.mode == "max"
-                                       else value < self._best)):
-            self._best = float(value)
-            repo.tag(self.best_tag, cid, force=True)
-        if self.keep_last:
-            repo.prune(keep_last=self.keep_last, refs=[self.ref])
+def _same_bytes(value: Any, held: Any) -> bool:
+    """Byte equality of a live tensor / array and a held flat uint8 copy (so -0.0 vs 0.0
+    and NaN payloads count as changes)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        live = _flat_bytes(value)
+    else:
+        live = torch.from_numpy(value.reshape(-1).view("uint8"))
+    return live.numel() == held.numel() and torch.equal(live, held)
+
+
+def _plain(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _fmt(value: Any) -> str:

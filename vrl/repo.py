@@ -12,14 +12,13 @@ import heapq
 import os
 import random
 import re
-import sys
 import time as _time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from vrl.config import Config
 from vrl.diff import DiffResult, compare
@@ -52,11 +51,19 @@ from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
-PROBE_MIN = 1 << 16  # smaller tensors are simply re-hashed
+KNOWN_MAX = 1 << 16  # content pre-check entries kept for the next commit
 RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics
 COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attempts
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
 _REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
+
+
+class FlatState(NamedTuple):
+    """A checkpoint already split by `vrl.tensors.flatten`: {name: tensor, array, RawTensor
+    or stored TensorEntry}, the JSON skeleton and {name: tied-to}."""
+    tensors: dict[str, Any]
+    tree: Any
+    ties: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,10 @@ class Repo(Maintenance, WorkspaceMixin):
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
         self._commits: dict[ObjectId, Commit] = {}
         self._manifests: dict[ObjectId, Manifest] = {}
-        # Tensors committed from memory by this process: storage key -> (version counter,
-        # probe, entry). Lets an incremental commit skip re-hashing unchanged tensors.
-        self._known: dict[tuple, tuple[int, bytes, TensorEntry]] = {}
+        # Tensors stored by this process: (xxh3-128 of the bytes, size) -> object id. Lets
+        # an incremental commit skip the blake3 hash (and write) of unchanged tensors while
+        # still reading every byte, so no write can be missed.
+        self._known: OrderedDict[tuple[bytes, int], ObjectId] = OrderedDict()
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
@@ -378,14 +386,19 @@ class Repo(Maintenance, WorkspaceMixin):
         """Store every tensor of `state` and its manifest; return (id, manifest, new ids).
 
         `state` may be a safetensors file opened by vrl.workspace.open_checkpoint (hashed
-        from its memory map, no torch; its header is kept so checkout gives the file back).
-        With write=False nothing is stored (used to compare a workspace file with HEAD).
+        from its memory map, no torch; its header is kept so checkout gives the file back),
+        or a `FlatState` (already flattened, as the Snapshotter's committer sends it). With
+        write=False nothing is stored (used to compare a workspace file with HEAD).
+        `rehash` is accepted for compatibility and ignored: every byte is always read.
         """
-        from vrl.tensors import flatten, to_state
+        if isinstance(state, FlatState):
+            tensors, tree, ties = state
+        else:
+            from vrl.tensors import flatten, to_state
 
-        tensors, tree, ties = flatten(to_state(state))
+            tensors, tree, ties = flatten(to_state(state))
         with self.objects.batch():
-            entries, new_ids = self._store_tensors(tensors, ties, rehash, write)
+            entries, new_ids = self._store_tensors(tensors, ties, write)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
                 if isinstance(state, SafetensorsFile) else None
             manifest = Manifest(entries, tree, layout)
@@ -425,10 +438,12 @@ class Repo(Maintenance, WorkspaceMixin):
             new_ids.add(hid)
         return FileLayout("safetensors", TensorEntry(hid, "uint8", (len(head),), len(head)))
 
-    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], rehash: bool,
-                       write: bool) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
-        from vrl.tensors import probe, tensor_bytes
-
+    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], write: bool
+                       ) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
+        """Hash and store each tensor. Exact: every byte is read on every commit; a fast
+        xxh3-128 of the bytes recognises content this process stored before, which then
+        needs neither the blake3 hash nor a write. A `TensorEntry` value is an object the
+        caller knows is stored (the Snapshotter's committer, for unchanged tensors)."""
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
         for name, value in tensors.items():
@@ -437,38 +452,44 @@ class Repo(Maintenance, WorkspaceMixin):
                 entries[name] = TensorEntry(target.id, target.dtype, target.shape,
                                             target.nbytes, tie=ties[name])
                 continue
-            key = self._cache_key(value)
-            entry = None
-            if key is not None and not rehash:
-                version, sample, cached = self._known.get(key, (None, b"", None))
-                # touch() also freshens the object so a concurrent gc keeps it
-                if cached is not None and version == value._version and \
-                        sample == probe(value) and (not write or self.objects.touch(cached.id)):
-                    entry = cached
-            if entry is None:
-                buf, dtype, shape, _keep = tensor_bytes(value)
-                oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
+            if isinstance(value, TensorEntry):
                 # touch(): a reused object must look young, or a concurrent gc may delete
                 # it (it can be unreachable and old) before our ref points at it
+                if write and not self.objects.touch(value.id):
+                    raise ObjectNotFoundError(f"tensor {name!r} ({value.id[:12]}) vanished "
+                                              "from the store (a concurrent gc?); the next "
+                                              "snapshot sends it again")
+                entries[name] = value
+                continue
+            if isinstance(value, RawTensor):
+                buf, dtype, shape = value.data, value.dtype, value.shape
+            else:
+                from vrl.tensors import tensor_bytes
+
+                buf, dtype, shape, _keep = tensor_bytes(value)
+            key = self._cache_key(buf)
+            oid = self._known.get(key)
+            if oid is None or (write and not self.objects.touch(oid)):
+                oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
                 if write and not self.objects.touch(oid):
                     self.objects.write("tensor", buf, oid)
                     new_ids.add(oid)
-                entry = TensorEntry(oid, dtype, shape, buf.nbytes)
-                if write and buf.nbytes < MMAP_MIN:
+            if write:
+                self._known[key] = oid
+                self._known.move_to_end(key)
+                while len(self._known) > KNOWN_MAX:
+                    self._known.popitem(last=False)
+                if buf.nbytes < MMAP_MIN:
                     self._remember(oid, bytes(buf))
-                if key is not None and write:
-                    self._known[key] = (value._version, probe(value), entry)
-            entries[name] = entry
+            entries[name] = TensorEntry(oid, dtype, shape, buf.nbytes)
         return entries, new_ids
 
     @staticmethod
-    def _cache_key(value: Any) -> tuple | None:
-        torch = sys.modules.get("torch")  # not imported: no torch tensor to recognise
-        if torch is None or not isinstance(value, torch.Tensor) or \
-                value.numel() * value.element_size() < PROBE_MIN or value.is_inference():
-            return None
-        return (str(value.device), value.untyped_storage().data_ptr(), value.storage_offset(),
-                tuple(value.shape), value.stride(), value.dtype)
+    def _cache_key(buf: memoryview) -> tuple[bytes, int]:
+        """A fast non-cryptographic fingerprint of the bytes (the object id stays blake3)."""
+        import xxhash
+
+        return xxhash.xxh3_128_digest(buf), buf.nbytes
 
     def commit(self, state: Any, optimizer: Any = None, *, message: str = "",
                hparams: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
@@ -480,10 +501,10 @@ class Repo(Maintenance, WorkspaceMixin):
 
         The ref (HEAD's branch by default) moves by compare-and-swap; if another process
         committed meanwhile, this commit is re-parented onto theirs (layer statistics are
-        recomputed) so neither is lost.
+        recomputed) so neither is lost. Every byte of every tensor is read (a write through
+        `.data` is never missed); `rehash` is kept for compatibility and does nothing.
         """
         from vrl import envinfo
-        from vrl.tensors import to_state
 
         # metadata problems are found before anything is written
         if not isinstance(message, str):
@@ -495,6 +516,8 @@ class Repo(Maintenance, WorkspaceMixin):
                                     f"{type(value).__name__}")
             check_depth(value, name)
         if optimizer is not None:
+            from vrl.tensors import to_state
+
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
         # The snapshot's small objects and the (first) commit object go into one pack,
         # which appears whole or not at all; its big tensors are loose files, made durable
@@ -796,4 +819,4 @@ def load_into(state: Any, model: Any = None, optimizer: Any = None) -> None:
         model.load_state_dict(state)
 
 
-__all__ = ["Repo", "LogEntry", "load_into"]
+__all__ = ["Repo", "LogEntry", "FlatState", "RawTensor", "load_into"]

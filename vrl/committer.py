@@ -1,0 +1,296 @@
+"""The Snapshotter's committer: hashing, statistics, object writes, fsync, ref moves, the
+best tag and retention, off the training path.
+
+The training process copies the tensors that changed into a shared-memory region (a memfd)
+and sends a small JSON job plus the region's file descriptor over a Unix socket to a
+committer process started with `python -m vrl.committer` (never `multiprocessing`, which
+would re-run a user's unguarded training script; nothing is pickled). The committer
+acknowledges each job with its commit id or an error. It receives jobs on a thread of its
+own, so the training process never waits on a busy committer to accept a job, and when the
+training process dies (even by SIGKILL) it still commits every job it fully received, then
+exits at end of file.
+
+Wire format, both ways: an 8-byte big-endian length, then that many bytes of UTF-8 JSON; a
+job's region descriptor rides on the length header as SCM_RIGHTS ancillary data.
+
+`CommitWorker` is the committing part itself; the Snapshotter's thread mode runs it on a
+thread of the training process.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import math
+import mmap
+import os
+import queue
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import Any
+
+from vrl.errors import VrlError
+
+_HEADER = struct.Struct("!Q")
+# Layer statistics of tensors up to this size are computed with numpy, so a committer for a
+# small policy never imports torch (seconds of CPU at start, taken from the trainer on a
+# small machine); bigger ones, and dtypes numpy lacks (bfloat16, complex), use torch.
+NUMPY_STATS_MAX = 1 << 22
+_NUMPY_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8",
+                 "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
+NICENESS = 5  # the committer process's CPU priority below the trainer's
+MAX_MESSAGE = 1 << 30  # a job description is small; anything bigger is a broken stream
+BEST_REASON = "snapshotter: best"  # reflog reason marking a best tag a Snapshotter set
+
+
+# ---------------------------------------------------------------------- wire format
+def send_message(sock: socket.socket, message: dict[str, Any] | bytes,
+                 fd: int | None = None) -> None:
+    """Send a message (a dict, or its JSON already encoded), with `fd` if given."""
+    payload = message if isinstance(message, bytes) else \
+        json.dumps(message, separators=(",", ":"), default=_plain).encode()
+    header = _HEADER.pack(len(payload))
+    if fd is None:
+        sock.sendall(header + payload)
+        return
+    fds = array.array("i", [fd])
+    sent = sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    sock.sendall(header[sent:] + payload)
+
+
+def recv_message(sock: socket.socket) -> tuple[dict[str, Any], int | None] | None:
+    """The next message and the descriptor that came with it; None at a clean end of file.
+    A message cut short (the sender died while sending it) also reads as end of file."""
+    header, fds = bytearray(), []
+    while len(header) < _HEADER.size:
+        data, ancdata, _flags, _addr = sock.recvmsg(_HEADER.size - len(header),
+                                                    socket.CMSG_SPACE(4 * 4))
+        for level, kind, cdata in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(cdata[:len(cdata) - len(cdata) % got.itemsize])
+                fds.extend(got)
+        if not data:
+            _close_all(fds)
+            return None
+        header += data
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_MESSAGE:
+        _close_all(fds)
+        raise VrlError(f"committer stream is corrupt (a {size}-byte message)")
+    payload = bytearray()
+    while len(payload) < size:
+        chunk = sock.recv(min(size - len(payload), 1 << 20))
+        if not chunk:
+            _close_all(fds)
+            return None
+        payload += chunk
+    _close_all(fds[1:])
+    return json.loads(payload), (fds[0] if fds else None)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy / torch scalars that metrics often are."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+# ---------------------------------------------------------------------- committing
+class CommitWorker:
+    """Commits jobs in order: a job names each tensor's bytes in a buffer, or says it is
+    the same as in the previous job ("same"), whose stored entry is then reused.
+
+    After a failure every job is skipped until one marked "reset" (sent in full) arrives:
+    the "same" entries of the jobs in between refer to a snapshot that never landed.
+    """
+
+    def __init__(self, repo: Any, *, ref: str, env: dict[str, Any],
+                 best_metric: str | None = None, mode: str = "max",
+                 best_tag: str | None = None, best: float | None = None,
+                 best_at: str | None = None, keep_last: int | None = None) -> None:
+        self.repo, self.ref, self.env = repo, ref, env
+        self.best_metric, self.mode, self.best_tag = best_metric, mode, best_tag
+        self.best, self.best_at = best, best_at
+        self.keep_last = keep_last
+        self._prev: dict[str, Any] = {}
+        self._failed = False
+
+    def run(self, job: dict[str, Any], buf: memoryview | None) -> str | None:
+        """Commit one job; its id, or None when skipped after an earlier failure."""
+        from vrl.repo import FlatState
+        from vrl.safetensors_file import RawTensor
+
+        if job.get("reset"):
+            self._failed, self._prev = False, {}
+        if self._failed:
+            return None
+        self._failed = True  # until this job has landed
+        tensors: dict[str, Any] = {}
+        for name, spec in job["tensors"].items():
+            if spec is None:  # tied to another tensor (job["ties"])
+                tensors[name] = None
+            elif spec.get("same"):
+                if name not in self._prev:
+                    raise VrlError(f"committer lost track of tensor {name!r}")
+                tensors[name] = self._prev[name]
+            else:
+                start, size = spec["offset"], spec["nbytes"]
+                data = buf[start:start + size] if size else memoryview(b"")
+                tensors[name] = RawTensor(spec["dtype"], tuple(spec["shape"]), data)
+        repo = self.repo
+        cid = repo.commit(FlatState(tensors, job["tree"], job["ties"]),
+                          message=job["message"], hparams=job["hparams"],
+                          metrics=job["metrics"], step=job["step"], env=self.env,
+                          meta=job["meta"], allow_empty=True, ref=self.ref)
+        del tensors
+        manifest = repo.read_manifest(repo.read_commit(cid).manifest)
+        self._prev = {n: e for n, e in manifest.tensors.items() if not e.tie}
+        self._failed = False
+        self._tag_best(cid, job["metrics"])
+        if self.keep_last:
+            repo.prune(keep_last=self.keep_last, refs=[self.ref])
+        return cid
+
+    def _tag_best(self, cid: str, metrics: dict[str, Any]) -> None:
+        from vrl.errors import RefConflictError
+
+        value = metrics.get(self.best_metric) if self.best_metric and self.best_tag else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                not math.isfinite(value):
+            return
+        if self.best is not None and not (value > self.best if self.mode == "max"
+                                          else value < self.best):
+            return
+        assert self.best_tag is not None
+        try:  # compare-and-swap: a tag someone else moved is no longer ours to move
+            self.repo.refs.update(f"refs/tags/{self.best_tag}", cid, expected=self.best_at,
+                                  reason=f"{BEST_REASON} {self.best_metric}={value:.6g}")
+        except RefConflictError:
+            self.best_tag = None
+            return
+        self.best, self.best_at = float(value), cid
+
+
+def numpy_loader(repo: Any) -> Any:
+    """`repo.load_entry` for the layer statistics, giving numpy arrays where it can."""
+    import numpy as np
+
+    from vrl.errors import ObjectNotFoundError
+    from vrl.repo import MMAP_MIN
+
+    general = repo.load_entry
+
+    def load(entry: Any) -> Any:
+        name = entry.dtype[6:] if entry.dtype.startswith("numpy:") else \
+            _NUMPY_DTYPES.get(entry.dtype)
+        if name is None or entry.nbytes > NUMPY_STATS_MAX or np.dtype(name).kind == "c":
+            return general(entry)
+        payload = repo._recent.get(entry.id) if entry.nbytes < MMAP_MIN else None
+        if payload is None:
+            try:
+                _kind, payload = repo.objects.read(entry.id)
+            except ObjectNotFoundError:
+                return general(entry)  # fetches it, or says why it cannot
+        return np.frombuffer(payload, dtype=np.dtype(name)).reshape(entry.shape)
+
+    return load
+
+
+# ---------------------------------------------------------------------- the process
+def _serve(sock: socket.socket) -> int:
+    """Commit jobs from `sock` until end of file; acknowledge each one."""
+    hello = recv_message(sock)
+    if hello is None:
+        return 0
+    config = hello[0]
+    from vrl.repo import Repo
+
+    repo = Repo(config["repo"], fsync=config["fsync"], verify=config["verify"])
+    repo.load_entry = numpy_loader(repo)  # type: ignore[method-assign]
+    worker = CommitWorker(repo, ref=config["ref"], env=config["env"],
+                          best_metric=config["best_metric"], mode=config["mode"],
+                          best_tag=config["best_tag"], best=config["best"],
+                          best_at=config["best_at"], keep_last=config["keep_last"])
+    jobs: queue.Queue[tuple[dict[str, Any], int | None] | None] = queue.Queue()
+
+    def receive() -> None:  # accept jobs at once, so the trainer never waits to hand over
+        try:
+            while (message := recv_message(sock)) is not None:
+                jobs.put(message)
+        except (OSError, VrlError, ValueError):
+            pass
+        finally:
+            jobs.put(None)
+
+    threading.Thread(target=receive, name="vrl-committer-receive", daemon=True).start()
+    ack_lock = threading.Lock()
+    while (item := jobs.get()) is not None:
+        job, fd = item
+        ack: dict[str, Any] = {"id": job["id"]}
+        region = None
+        try:
+            if fd is not None:
+                region = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                os.close(fd)
+                fd = None
+            view = memoryview(region) if region is not None else None
+            try:
+                cid = worker.run(job, view)
+            finally:
+                if view is not None:
+                    view.release()
+            ack.update({"commit": cid} if cid else {"skipped": True})
+        except Exception as exc:  # noqa: BLE001 - reported to the training process
+            ack["error"] = str(exc) or type(exc).__name__
+            ack["type"] = type(exc).__name__
+        finally:
+            if fd is not None:
+                os.close(fd)
+            if region is not None:
+                try:
+                    region.close()
+                except BufferError:  # a view is still referenced; freed with it
+                    pass
+        try:
+            with ack_lock:
+                send_message(sock, ack)
+        except OSError:
+            pass  # the training process is gone; keep committing what was received
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m vrl.committer FD (started by vrl.Snapshotter)",
+              file=sys.stderr)
+        return 2
+    # Ctrl-C and SIGTERM go to the training process, which flushes and then closes our
+    # socket; we stop at that end of file, never with half the received jobs committed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Training comes first: on a machine without idle cores the committer yields to it
+    # (backpressure stops the trainer if the committer falls too far behind).
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        return _serve(sock)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

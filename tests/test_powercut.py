@@ -1,7 +1,8 @@
 """Crash consistency at a power cut, in SQLite's spirit: an injected I/O layer models a
 filesystem that keeps only what was fsynced (a "lazy-fsync" filesystem, the worst case
 POSIX allows), and the repository is checked at a power cut before every single write,
-fsync, rename, unlink and mkdir of init, commit, branch, prune and gc.
+fsync, rename, unlink and mkdir of init, commit, branch, prune and gc, and of push to a
+local remote, clone and fetch from it.
 
 The model works at the os level, so it covers whatever files vrl writes (objects, packs,
 refs, reflogs, the pruned list, config):
@@ -14,6 +15,11 @@ at each step is rebuilt into a fresh directory and checked: `fsck` passes, every
 reported done is on its branch and loads bit-exactly, and each ref's reflog ends with the
 ref's value. Removing any one fsync (of objects, object directories, refs, ref
 directories, reflogs) must make some power cut fail: the tests show it does.
+
+For transfers: a push reported done is complete on the remote (a fresh fetch of the rebuilt
+remote loads it bit-exactly), no remote ref ever names a commit with objects missing, a
+fetch or clone reported done is loadable in the fetching repository from its durable
+remote-tracking ref, and both repositories pass fsck.
 """
 
 from __future__ import annotations
@@ -43,8 +49,11 @@ class Cut:
     done: list[tuple[str, dict[str, torch.Tensor]]] = field(default_factory=list)
 
 
-def fsync_class(path: str) -> str:
-    """Which kind of fsync this is (by the path of what is synced, inside `.vrl`)."""
+def fsync_class(path: str, root: Path | None = None) -> str:
+    """Which kind of fsync this is (by the path of what is synced, inside `.vrl`, or
+    inside `root/remote`, the local remote of the push and fetch scenario)."""
+    if root is not None and os.path.relpath(path, root).split("/")[0] == "remote":
+        return "remote-dir" if os.path.isdir(path) else "remote-file"
     parts = path.split("/")
     if "objects" in parts:
         return "object-dir" if os.path.isdir(path) else "object"
@@ -89,7 +98,7 @@ class LazyFS:
         path = os.readlink(f"/proc/self/fd/{fd}")
         if not path.startswith(str(self.root)):
             return
-        kind = fsync_class(path)
+        kind = fsync_class(path, self.root)
         if count:
             self.fsyncs[kind] = self.fsyncs.get(kind, 0) + 1
             if kind in self.ignore:
@@ -362,4 +371,154 @@ def test_removing_one_kind_of_fsync_is_caught(tmp_path, monkeypatch, kind):
 
 def test_without_fsync_a_power_cut_loses_commits(tmp_path, monkeypatch):
     failures, _ = sweep(tmp_path, monkeypatch, first_only=True, fsync=False)
+    assert failures
+
+
+# ------------------------------------------------------------------ push and fetch
+
+
+@dataclass
+class TransferCut:
+    """The durable state at one step of the push / fetch scenario, and what was done."""
+
+    step: int
+    op: str
+    tree: dict[str, bytes | None]
+    pushed: list[tuple[str, str, dict[str, torch.Tensor]]]  # (remote ref, commit, state)
+    fetched: list[tuple[str, str, dict[str, torch.Tensor]]]  # (tracking ref, commit, state)
+
+
+def run_transfers(tmp_path: Path, monkeypatch, ignore: frozenset[str] = frozenset()
+                  ) -> tuple[list[TransferCut], LazyFS]:
+    """Push to a new local remote, clone it, then commit, push and fetch twice more (one
+    branch in new directories), under the I/O layer; a cut at every step of the transfers.
+    Repository `a` and its first commit exist before (their cuts are the sweep above's)."""
+    from vrl.remote.stores import LocalRemote
+    from vrl.remote.transfer import clone, fetch, push
+
+    work = tmp_path / "work"
+    work.mkdir()
+    repo = Repo.init(work / "a")
+    states = {seed: make_state(seed) for seed in (0, 1, 2)}
+    first = repo.commit(states[0], message="c0", env=False)
+    lazy = LazyFS(work, ignore)
+    cuts: list[TransferCut] = []
+    pushed: list[tuple[str, str, dict[str, torch.Tensor]]] = []
+    fetched: list[tuple[str, str, dict[str, torch.Tensor]]] = []
+    last_tree: list = [None]
+
+    def on_step(op: str) -> None:
+        tree = lazy.durable_tree()
+        if cuts and tree == last_tree[0]:
+            cuts[-1].pushed, cuts[-1].fetched = list(pushed), list(fetched)
+            return
+        last_tree[0] = tree
+        cuts.append(TransferCut(len(lazy.steps), op, tree, list(pushed), list(fetched)))
+
+    lazy.on_step = on_step
+    remote = work / "remote"
+    with lazy.installed(monkeypatch):
+        push(repo, LocalRemote(remote), "origin", create=True, jobs=1)
+        pushed.append(("refs/heads/main", first, states[0]))
+        other = clone(str(remote), work / "b", jobs=1, checkout=False)
+        fetched.append(("refs/remotes/origin/main", first, states[0]))
+        for seed, branch in ((1, "main"), (2, "feature/deep")):
+            ref = f"refs/heads/{branch}"
+            cid = repo.commit(states[seed], message=f"c{seed}", env=False, ref=ref)
+            push(repo, LocalRemote(remote), "origin", [ref], jobs=1)
+            pushed.append((ref, cid, states[seed]))
+            fetch(other, LocalRemote(remote), "origin", jobs=1)
+            fetched.append((f"refs/remotes/origin/{branch}", cid, states[seed]))
+        on_step("end")
+    return cuts, lazy
+
+
+def _loads_exactly(repo: Repo, tip: str | None, cid: str, state: dict[str, torch.Tensor],
+                   what: str) -> list[str]:
+    try:
+        if tip is None or cid not in repo.first_parent_chain(tip):
+            return [f"{what}: commit {cid[:12]} is not on it"]
+        got = repo.load(cid)
+        return [f"{what}: commit {cid[:12]}: {name} differs" for name, t in state.items()
+                if got[name].dtype != t.dtype or raw(got[name]) != raw(t)]
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
+        return [f"{what}: commit {cid[:12]}: {type(exc).__name__}: {exc}"]
+
+
+def check_transfer_cut(cut: TransferCut, where: Path) -> list[str]:
+    """Rebuild the durable tree; check both repositories and the remote (by fetching all
+    of it into a fresh repository)."""
+    from vrl.remote.stores import LocalRemote
+    from vrl.remote.transfer import fetch
+
+    where.mkdir()
+    for rel, data in cut.tree.items():
+        target = where / rel
+        if data is None:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    problems: list[str] = []
+    for name in ("a", "b"):
+        if name == "b" and not cut.fetched and not (where / "b/.vrl/HEAD").exists():
+            continue  # the clone had not returned: no repository is a fine outcome
+        try:
+            found = Repo(where / name, verify=True).fsck()["problems"]
+            problems += [f"{name}: {p}" for p in found]
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{name}: {type(exc).__name__}: {exc}")
+    if cut.fetched and not problems:
+        other = Repo(where / "b")
+        for ref, cid, state in cut.fetched:
+            problems += _loads_exactly(other, other.refs.read(ref), cid, state, f"b's {ref}")
+    store = LocalRemote(where / "remote", fsync=False)
+    if not cut.pushed and store.state() != "store":
+        return problems  # the first push had not returned: no remote is a fine outcome
+    Repo.init(where / "fresh")
+    fresh = Repo(where / "fresh", fsync=False)
+    try:
+        # every ref on the remote must name a complete commit: fetching it all verifies
+        # every object behind every ref
+        fetch(fresh, store, "origin", jobs=1)
+    except Exception as exc:  # noqa: BLE001
+        return problems + [f"remote: a fresh fetch fails: {type(exc).__name__}: {exc}"]
+    for ref, cid, state in cut.pushed:
+        tracking = f"refs/remotes/origin/{ref[len('refs/heads/'):]}"
+        problems += _loads_exactly(fresh, fresh.refs.read(tracking), cid, state,
+                                   f"remote {ref}")
+    return problems
+
+
+def sweep_transfers(tmp_path, monkeypatch, first_only: bool = False, **kw
+                    ) -> tuple[list[tuple[TransferCut, list[str]]], LazyFS]:
+    cuts, lazy = run_transfers(tmp_path, monkeypatch, **kw)
+    failures = []
+    for i, cut in enumerate(cuts):
+        problems = check_transfer_cut(cut, tmp_path / f"cut{i}")
+        if problems:
+            failures.append((cut, problems))
+            if first_only:
+                break
+    return failures, lazy
+
+
+def test_every_power_cut_in_push_and_fetch_keeps_what_was_reported(tmp_path, monkeypatch):
+    """A push reported done is complete on the remote, a remote ref never names an
+    incomplete commit, a fetch (or clone) reported done is durable in the fetching
+    repository, and both repositories pass fsck, at a power cut before any step."""
+    failures, lazy = sweep_transfers(tmp_path, monkeypatch)
+    assert len(lazy.steps) > 100
+    assert not failures, "\n".join(f"cut before step {c.step} ({c.op}): {p}"
+                                   for c, p in failures[:5])
+    for kind in ("remote-file", "remote-dir", "object", "ref", "reflog"):
+        assert lazy.fsyncs.get(kind), (kind, lazy.fsyncs)
+
+
+@pytest.mark.parametrize("kind", ["remote-file", "remote-dir", "object", "object-dir", "ref",
+                                  "ref-dir"])
+def test_removing_one_kind_of_fsync_in_push_or_fetch_is_caught(tmp_path, monkeypatch, kind):
+    failures, lazy = sweep_transfers(tmp_path, monkeypatch, first_only=True,
+                                     ignore=frozenset({kind}))
+    assert lazy.fsyncs.get(kind), lazy.fsyncs
     assert failures

@@ -151,6 +151,11 @@ class Repo(Maintenance, WorkspaceMixin):
         if (vrl_dir / "HEAD").is_file():
             return cls(root)
         check_ref_name(branch, "branch")
+        created = []  # directories made here (innermost first): their entries made durable
+        folder = root
+        while not folder.exists():
+            created.append(folder)
+            folder = folder.parent
         try:
             for sub in ("objects", "refs/heads", "refs/tags", "logs"):
                 (vrl_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -169,6 +174,8 @@ class Repo(Maintenance, WorkspaceMixin):
             os.replace(vrl_dir / "HEAD.tmp", vrl_dir / "HEAD")  # HEAD last: marks it complete
             _fsync_dir(vrl_dir)
             _fsync_dir(root)
+            for new in created:  # a clone into a new directory must not vanish at a cut
+                _fsync_dir(new.parent)
         except OSError as exc:
             raise storage_error(exc, root, "creating the repository") from exc
         return cls(root)

@@ -366,16 +366,16 @@ class FileObjectStore(ObjectStore):
             size = os.fstat(fd).st_size if length is None else length
             if size < HEADER_SIZE:
                 raise CorruptObjectError(f"object {oid[:12]} is truncated; run `vrl fsck`")
+            # the header by pread: reading it through the map would fault in a page
+            got, payload_size = parse_header(os.pread(fd, HEADER_SIZE, offset))
+            _check_kind(oid, got, kind)
+            if payload_size != size - HEADER_SIZE:
+                raise CorruptObjectError(f"object {oid[:12]} is truncated or the wrong size; "
+                                         "run `vrl fsck`")
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
         finally:
             os.close(fd)
-        view = memoryview(mapped)[offset:offset + size]
-        got, payload_size = parse_header(bytes(view[:HEADER_SIZE]))
-        _check_kind(oid, got, kind)
-        if payload_size != size - HEADER_SIZE:
-            raise CorruptObjectError(f"object {oid[:12]} is truncated or the wrong size; run "
-                                     "`vrl fsck`")
-        return view[HEADER_SIZE:]
+        return memoryview(mapped)[offset + HEADER_SIZE:offset + size]
 
     def _open_packed(self, oid: ObjectId) -> tuple[int, int, int]:
         for attempt in range(2):

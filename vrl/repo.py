@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import heapq
+import math
 import os
 import random
 import re
@@ -44,6 +45,7 @@ from vrl.objects import (
     check_depth,
     hash_object,
     is_object_id,
+    itemsize,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import RawTensor, SafetensorsFile
@@ -229,7 +231,13 @@ class Repo(Maintenance, WorkspaceMixin):
     def _tensor_buffer(self, entry: TensorEntry) -> tuple[Any, int]:
         """(buffer, offset) holding a tensor's bytes: a small payload read into memory, or
         the object file memory-mapped (copy-on-write, private)."""
-        entry.check()  # shape, dtype and size agree: nothing is allocated on a claim alone
+        try:  # shape, dtype and size agree: nothing is allocated on a claim alone (the
+            # quick test here; the full check, with its message, only when it fails)
+            consistent = math.prod(entry.shape) * itemsize(entry.dtype) == entry.nbytes
+        except (TypeError, VrlError):
+            consistent = False
+        if not consistent:
+            entry.check()
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)
@@ -590,8 +598,11 @@ class Repo(Maintenance, WorkspaceMixin):
 
         oid = self.resolve(rev)
         manifest = self.read_manifest(self.read_commit(oid).manifest)
-        self.require_data(oid, manifest)
-        return self.load_manifest(manifest, unflatten)
+        try:
+            return self.load_manifest(manifest, unflatten)
+        except PrunedError:  # checked only on a miss: a restore pays no stat per object
+            self.require_data(oid, manifest)  # fetches it from a remote, or says why not
+            return self.load_manifest(manifest, unflatten)
 
     def require_data(self, oid: ObjectId, manifest: Manifest) -> None:
         """Make sure every data object of snapshot `oid` is here, fetching what a lazy clone

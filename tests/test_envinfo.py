@@ -76,3 +76,15 @@ def test_nothing_credential_like_leaks_into_a_commit(tmp_path, monkeypatch):
     env = repo.read_commit(cid).env
     assert env["env"]["OMP_NUM_THREADS"] == "3"
     assert SECRET not in canonical_json(env).decode()
+
+
+def test_packages_digest_follows_installed_versions(tmp_path, monkeypatch):
+    """A package installed or upgraded (a new `*.dist-info` on sys.path) changes it."""
+    from vrl.envinfo import _packages_digest
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = _packages_digest()
+    (tmp_path / "somepkg-1.0.dist-info").mkdir()
+    one = _packages_digest()
+    (tmp_path / "somepkg-1.0.dist-info").rename(tmp_path / "somepkg-1.1.dist-info")
+    assert len({before, one, _packages_digest()}) == 3

@@ -70,10 +70,20 @@ def _static() -> dict[str, Any]:
 
 
 def _packages_digest() -> str:
-    """A short hash of every installed distribution and version (spots silent upgrades)."""
-    names = sorted(f"{d.metadata['Name']}=={d.version}".lower()
-                   for d in importlib.metadata.distributions() if d.metadata["Name"])
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    """A short hash of every installed distribution and version (spots silent upgrades).
+
+    Read from the names of the `*.dist-info` / `*.egg-info` folders on sys.path, which
+    carry name and version: parsing every package's metadata cost ~0.15-0.25 s a commit.
+    """
+    names: list[str] = []
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or ".") as found:
+                names += [e.name.lower() for e in found
+                          if e.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:  # a zip file or a folder that is gone
+            continue
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
 
 
 def _accelerator() -> dict[str, Any]:

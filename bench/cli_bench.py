@@ -148,7 +148,27 @@ def main() -> None:
                                                   result["dvc"]["checkout_older_s"], 3)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(table(result) + "\n")
     print(json.dumps(result, indent=2))
+
+
+def table(result: dict) -> str:
+    """README's table: vrl's CLI wall times, with `dvc` on the same file when measured."""
+    ours, dvc = result["vrl"], result.get("dvc", {})
+    rows = [("`vrl commit FILE` (environment captured)", ours["commit_s"], dvc.get("add_s"),
+             "`dvc add FILE`", "<= 0.33"),
+            ("`vrl commit FILE --no-env`", ours["commit_no_env_s"], dvc.get("add_s"),
+             "`dvc add FILE`", "-"),
+            ("`vrl checkout` of the older snapshot", ours["checkout_older_s"],
+             dvc.get("checkout_older_s"), "`dvc checkout` of the older version", "<= 0.33"),
+            ("`vrl export REV FILE.safetensors`", ours["export_s"], None, "-", "<= 0.5 s")]
+    lines = [f"| {result['file_mb']} MB, {result['tensors']} tensors | vrl | baseline | ratio "
+             "| goal |", "|---|---|---|---|---|"]
+    for what, t, base, base_name, goal in rows:
+        ratio = f"{t / base:.2f}x" if base else "-"
+        shown = f"{base_name} {base:.2f} s" if base else base_name
+        lines.append(f"| {what} | {t:.2f} s | {shown} | {ratio} | {goal} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

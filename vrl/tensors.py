@@ -227,19 +227,3 @@ def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int
         offset = 0
     raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
     return raw.view(tdtype).reshape(shape)
-
-
-def probe(value: Any) -> bytes:
-    """A cheap sample of a tensor's bytes: evenly spaced elements plus both ends.
-
-    Used with the autograd version counter to recognise tensors unchanged since they were
-    committed; writes through `.data` bypass the version counter, and the probe catches
-    those that touch any sampled element (full re-hash: `commit(..., rehash=True)`).
-    """
-    import torch
-
-    flat = value.detach().reshape(-1)
-    n = flat.numel()
-    step = max(1, n // 1024)
-    parts = [flat[::step], flat[-64:]]
-    return b"".join(bytes(p.contiguous().view(torch.uint8).cpu().numpy()) for p in parts)

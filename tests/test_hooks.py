@@ -348,6 +348,36 @@ def test_sigterm_flushes_pending_snapshots(tmp_path, committer):
     assert repo.fsck()["ok"]
 
 
+SIGTERM_ELSEWHERE_SCRIPT = textwrap.dedent("""
+    import signal, sys, threading, time, torch
+    from vrl import Repo
+    from vrl.hooks import Snapshotter
+    repo = Repo(sys.argv[1])
+    def mine(signum, frame):
+        print("previous handler called", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, mine)
+    model = torch.nn.Linear(8, 8)
+    snap = Snapshotter(repo, model, branch="run", committer="thread")
+    snap.step(0)
+    # the signal trips while the main thread is blocked in C (as when it lands just before
+    # the main thread blocks, or on another thread): CPython alone runs no handler until
+    # the sleep returns
+    threading.Timer(0.3, signal.raise_signal, (signal.SIGTERM,)).start()
+    time.sleep(60)
+""")
+
+
+def test_sigterm_that_trips_while_the_main_thread_blocks_is_handled_promptly(tmp_path):
+    Repo.init(tmp_path)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_ELSEWHERE_SCRIPT, str(tmp_path)],
+                          stdout=subprocess.PIPE, text=True, timeout=50)
+    assert proc.returncode == 7 and proc.stdout.strip() == "previous handler called"
+    assert time.monotonic() - start < 40  # not after the 60 s sleep
+    assert [e.commit.step for e in Repo(tmp_path).log("run")] == [0]
+
+
 SIGKILL_SCRIPT = textwrap.dedent("""
     import os, signal, socket, sys, torch
     from vrl import Repo

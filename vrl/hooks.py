@@ -606,8 +606,12 @@ class Snapshotter:
             return
         previous = signal.getsignal(signal.SIGTERM)
         self._sigterm = (previous, None)
+        entered = threading.Event()
 
         def on_sigterm(signum: int, frame: Any) -> None:
+            if entered.is_set():  # a re-delivery (see _watch_sigterm) while flushing
+                return
+            entered.set()
             try:
                 self.close()
             finally:
@@ -619,12 +623,72 @@ class Snapshotter:
 
         signal.signal(signal.SIGTERM, on_sigterm)
         self._sigterm = (previous, on_sigterm)
+        self._watch_sigterm(entered)
+
+    def _watch_sigterm(self, entered: threading.Event) -> None:
+        """Make sure a SIGTERM reaches our handler promptly.
+
+        CPython runs a Python signal handler only when the main thread next executes
+        bytecode. A signal that lands just before the main thread blocks in a C call (a
+        `time.sleep`, a wait; easily hit when a committer thread competes for the GIL) or
+        that the kernel hands to another thread leaves the handler pending until that call
+        returns: a trainer sleeping or waiting would not flush, nor exit, until then. The
+        interpreter's wakeup fd says a signal arrived; a watcher thread then interrupts
+        the main thread (EINTR, after which the interpreter runs the pending handler).
+        Skipped when someone else (asyncio, a framework) already owns the wakeup fd.
+        """
+        try:
+            ours, theirs = socket.socketpair()
+            theirs.setblocking(False)
+        except OSError:
+            return
+        try:
+            old = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            old = None
+        if old != -1:
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            ours.close()
+            theirs.close()
+            return
+        self._wakeup = (ours, theirs)
+        main = threading.main_thread().ident
+        assert main is not None
+
+        def watch() -> None:
+            try:
+                while data := ours.recv(256):
+                    if int(signal.SIGTERM) not in data:
+                        continue
+                    # normally the handler starts at once; give it a moment first
+                    if entered.wait(0.2) or self._closed:
+                        continue
+                    signal.pthread_kill(main, signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+
+        threading.Thread(target=watch, name="vrl-sigterm-watch", daemon=True).start()
 
     def _restore_sigterm(self) -> None:
         previous, ours = getattr(self, "_sigterm", (None, None))
-        if ours is not None and threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGTERM) is ours:
+        if ours is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is ours:
             signal.signal(signal.SIGTERM, previous)
+        wakeup = getattr(self, "_wakeup", None)
+        if wakeup is not None:
+            self._wakeup = None
+            reader, writer = wakeup
+            try:
+                old = signal.set_wakeup_fd(-1)
+                if old != writer.fileno():
+                    signal.set_wakeup_fd(old)  # not ours any more: leave it as it was
+            except (ValueError, OSError):
+                pass
+            writer.close()
+            reader.shutdown(socket.SHUT_RDWR)  # the watcher ends
+            reader.close()
 
 
 def _same_bytes(value: Any, held: Any) -> bool:

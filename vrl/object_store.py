@@ -141,6 +141,19 @@ def _fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def make_dirs(folder: Path, fsync: bool) -> None:
+    """Create `folder` and its missing parents; with fsync, each new directory's entry in
+    its parent is made durable (or a power cut can lose everything written inside it)."""
+    missing = []
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+        if fsync:
+            _fsync_dir(new.parent)
+
+
 def discard(path: Path) -> None:
     """Remove a temp file if it is there, never raising: on a read-only filesystem even a
     file that does not exist gives EROFS, which must not hide the error being reported."""

@@ -27,7 +27,7 @@ from vrl.errors import (
     StorageError,
     VrlError,
 )
-from vrl.object_store import _fsync_dir, discard, storage_error
+from vrl.object_store import _fsync_dir, discard, make_dirs, storage_error
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
@@ -242,7 +242,7 @@ class RefStore:
         delay = 0.001
         self._check_clash(name)
         try:
-            self._make_dirs(lock.parent)
+            make_dirs(lock.parent, self.fsync)
         except OSError as exc:
             raise storage_error(exc, self.root, f"locking {name}") from exc
         while True:
@@ -337,22 +337,10 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
-    def _make_dirs(self, folder: Path) -> None:
-        """Create `folder` and its missing parents; with fsync, each new directory's entry
-        in its parent is made durable (or a power cut can lose the directory)."""
-        missing = []
-        while not folder.is_dir():
-            missing.append(folder)
-            folder = folder.parent
-        for new in reversed(missing):
-            new.mkdir(exist_ok=True)
-            if self.fsync:
-                _fsync_dir(new.parent)
-
     def _write_file(self, path: Path, text: str) -> None:
         tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(6)}")
         try:
-            self._make_dirs(path.parent)
+            make_dirs(path.parent, self.fsync)
             with open(tmp, "w") as f:
                 f.write(text)
                 if self.fsync:
@@ -446,7 +434,7 @@ class RefStore:
         line = (f"{old or ZERO} {new or ZERO} {utc_now()} {self.who}\t"
                 f"{reason.splitlines()[0] if reason else ''}\n").encode()
         try:
-            self._make_dirs(path.parent)
+            make_dirs(path.parent, self.fsync)
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:

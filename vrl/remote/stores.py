@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from vrl.errors import RefConflictError, VrlError
-from vrl.object_store import FileObjectStore, _fsync_dir
+from vrl.object_store import FileObjectStore, _fsync_dir, make_dirs
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import RefStore
 from vrl.remote.base import KeyMissing, RemoteStore, is_secret_option, redact, too_large
@@ -41,19 +41,6 @@ def _looks_like_exists(exc: BaseException) -> bool:
     a generic failure whose text says so)."""
     return isinstance(exc, FileExistsError) or getattr(exc, "errno", None) == errno.EEXIST \
         or "exists" in str(exc).lower()
-
-
-def _make_dirs(folder: Path, fsync: bool) -> None:
-    """Create `folder` and its missing parents; with fsync, each new directory's entry in
-    its parent is made durable (or a power cut can lose everything written inside it)."""
-    missing = []
-    while not folder.is_dir():
-        missing.append(folder)
-        folder = folder.parent
-    for new in reversed(missing):
-        new.mkdir(exist_ok=True)
-        if fsync:
-            _fsync_dir(new.parent)
 
 
 def _is_temp(name: str) -> bool:
@@ -151,7 +138,7 @@ class LocalRemote(RemoteStore):
 
     def _write(self, final: Path, source: bytes | Path) -> None:
         self._inside(final.parent, os.path.relpath(final.parent, self.root))  # before mkdir
-        _make_dirs(final.parent, self.fsync)
+        make_dirs(final.parent, self.fsync)
         tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             with open(tmp, "xb") as out:
@@ -215,7 +202,7 @@ class LocalRemote(RemoteStore):
 
     def create(self, branch: str = "main") -> None:
         with self.guard("creating the remote"):
-            _make_dirs(self.root, self.fsync)
+            make_dirs(self.root, self.fsync)
         super().create(branch)
 
     def swap(self, key: str, data: bytes, expected: Any) -> None:

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -336,13 +337,14 @@ def check_cut(cut: Cut, where: Path) -> list[str]:
     return problems
 
 
-def sweep(tmp_path, monkeypatch, first_only: bool = False, **kw
-          ) -> tuple[list[tuple[Cut, list[str]]], LazyFS]:
-    """Check the durable state at every cut; return the failing cuts."""
-    cuts, lazy = run_and_cut(tmp_path, monkeypatch, **kw)
+def sweep(tmp_path, monkeypatch, first_only: bool = False, run=None, check=None, **kw
+          ) -> tuple[list[tuple[Any, list[str]]], LazyFS]:
+    """Run a scenario (`run`, default: the store's) and check the durable state at every
+    cut with `check`; return the failing cuts."""
+    cuts, lazy = (run or run_and_cut)(tmp_path, monkeypatch, **kw)
     failures = []
     for i, cut in enumerate(cuts):
-        problems = check_cut(cut, tmp_path / f"cut{i}")
+        problems = (check or check_cut)(cut, tmp_path / f"cut{i}")
         if problems:
             failures.append((cut, problems))
             if first_only:
@@ -492,15 +494,7 @@ def check_transfer_cut(cut: TransferCut, where: Path) -> list[str]:
 
 def sweep_transfers(tmp_path, monkeypatch, first_only: bool = False, **kw
                     ) -> tuple[list[tuple[TransferCut, list[str]]], LazyFS]:
-    cuts, lazy = run_transfers(tmp_path, monkeypatch, **kw)
-    failures = []
-    for i, cut in enumerate(cuts):
-        problems = check_transfer_cut(cut, tmp_path / f"cut{i}")
-        if problems:
-            failures.append((cut, problems))
-            if first_only:
-                break
-    return failures, lazy
+    return sweep(tmp_path, monkeypatch, first_only, run_transfers, check_transfer_cut, **kw)
 
 
 def test_every_power_cut_in_push_and_fetch_keeps_what_was_reported(tmp_path, monkeypatch):

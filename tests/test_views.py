@@ -71,6 +71,7 @@ def test_runs_and_branch_points(hist):
     assert rows["main"]["branch_point"] is None
     assert rows["main"]["snapshots"] == rows["main"]["own"] == 5
     point = rows["exp"]["branch_point"]
+    assert point["seconds"] == views.seconds(at(2))
     assert (point["id"], point["run"], point["step"], point["index"]) == \
         (ids["main"][2], "main", 20, 2)
     assert (rows["exp"]["snapshots"], rows["exp"]["own"]) == (6, 3)

@@ -319,8 +319,9 @@ def _branch_points(history: History, heads: list[ObjectId], names: list[str]
         else:
             i, s = best
             oid = line[i]
-            out.append({"id": oid, "run": names[s], "step": history.commit(oid).step,
-                        "index": i})
+            commit = history.commit(oid)
+            out.append({"id": oid, "run": names[s], "step": commit.step, "index": i,
+                        "seconds": seconds(commit.time)})
     return out
 
 
@@ -363,8 +364,8 @@ def runs(repo: Repo, revs: Sequence[str] | None = None, all_tags: bool = False,
          metrics: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One dict per run: name, ref, id, step, time, message, snapshots (commits on its
     first-parent line), own (those after its branch point), branch_point ({id, run, step,
-    index} or None), hparams (flattened), env, metrics ({name: {last, last_step, best,
-    best_step}}, all metrics unless `metrics` names some)."""
+    index on the line, seconds} or None), hparams (flattened), metrics ({name: {last,
+    last_step, best, best_step}}: all metrics unless `metrics` names some)."""
     history = History.of(repo)
     chosen = _select_runs(repo, revs, all_tags)
     heads = [oid for _, _, oid in chosen]

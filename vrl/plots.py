@@ -164,9 +164,7 @@ def plot_heatmap(heat: dict[str, Any], path: str | Path, *, svg: bool = False,
                 min(20.0, max(3.0, 1.5 + len(layers) * 0.22)))
     fig = _figure(size)
     ax = fig.add_subplot()
-    cmap = mpl.colormaps["viridis"].copy()
-    cmap.set_bad("#d9d9d9")
-    cmap.set_under("#1a1a1a")
+    cmap = mpl.colormaps["viridis"].with_extremes(bad="#d9d9d9", under="#1a1a1a")
     if positive.size:
         top = float(positive.max())
         bottom = max(float(positive.min()), top / 1e6)

@@ -149,7 +149,7 @@ class History:
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
         self._commits: dict[ObjectId, Commit] = {}
-        self._layers: dict[ObjectId, dict[str, tuple[float | None, bool]]] = {}
+        self._layers: dict[tuple[ObjectId, str], dict[str, tuple[float | None, bool]]] = {}
         self._lines: dict[ObjectId, list[ObjectId]] = {}
         # {metrics asked for: {commit: (last, best) up to it}}, see _metric_summary
         self.summaries: dict[frozenset[str] | None, dict[ObjectId, tuple[dict, dict]]] = {}
@@ -184,34 +184,42 @@ class History:
             self._commits[oid] = commit
         return commit
 
-    def layers(self, oid: ObjectId) -> dict[str, tuple[float | None, bool]]:
-        """{layer: (relative change against the first parent or None, material)} as the
-        commit stores them ({} where it stores none for its first parent)."""
-        if oid not in self._layers:
+    def stats(self, oid: ObjectId) -> dict[str, Any]:
+        """The commit's stored statistics (parsed on each call: they are large)."""
+        payload = self._payload(oid)
+        parts = split_stats(payload) if payload is not None else None
+        if parts is not None:
+            try:
+                stats = json.loads(parts[1])
+            except (ValueError, RecursionError):
+                stats = None
+            if isinstance(stats, dict):
+                return stats
+        return self.repo.read_commit(oid).stats
+
+    def layers(self, oid: ObjectId, prefix: str = "") -> dict[str, tuple[float | None, bool]]:
+        """{layer: (relative change against the first parent or None, material)} of the
+        layers whose names start with `prefix`, as the commit stores them ({} where it
+        stores none against its first parent)."""
+        key = (oid, prefix)
+        if key not in self._layers:
             commit = self.commit(oid)
-            payload = self._payload(oid)
-            parts = split_stats(payload) if payload is not None else None
-            stats: Any = None
-            if parts is not None:
-                try:
-                    stats = json.loads(parts[1])
-                except (ValueError, RecursionError):
-                    stats = None
-            if not isinstance(stats, dict):
-                stats = self.repo.read_commit(oid).stats
+            stats = self.stats(oid)
             out: dict[str, tuple[float | None, bool]] = {}
             layers = stats.get("layers")
             parent = commit.parents[0] if commit.parents else None
             if isinstance(layers, dict) and stats.get("parent") == parent:
                 isfinite = math.isfinite
                 for name, entry in layers.items():
-                    if entry.__class__ is dict:  # the hot loop: type tests, not isinstance
-                        rel = entry.get("rel")
-                        cls = rel.__class__
-                        ok = (cls is float and isfinite(rel)) or cls is int
-                        out[name] = (rel if ok else None, entry.get("material") is True)
-            self._layers[oid] = out
-        return self._layers[oid]
+                    # the hot loop (layers x commits): type tests, not isinstance
+                    if entry.__class__ is not dict or not name.startswith(prefix):
+                        continue
+                    rel = entry.get("rel")
+                    cls = rel.__class__
+                    ok = (cls is float and isfinite(rel)) or cls is int
+                    out[name] = (rel if ok else None, entry.get("material") is True)
+            self._layers[key] = out
+        return self._layers[key]
 
     def has(self, oid: ObjectId) -> bool:
         try:
@@ -529,13 +537,6 @@ def smooth(values: Sequence[float], weight: float) -> list[float]:
 # ---------------------------------------------------------------------------- heatmap
 
 
-def _layer_names(stats_layers: Iterable[str], prefix: str | None) -> list[str]:
-    names = set(stats_layers)
-    if prefix is None:  # a training snapshot: the model's layers, not optimizer state
-        prefix = "model/" if any(n.startswith("model/") for n in names) else ""
-    return sorted((n for n in names if n.startswith(prefix)), key=natural_key)
-
-
 def _is_frozen(layer: str, frozen: set[str]) -> bool:
     # the trainer records module names (`actor.0`), the store layers under the snapshot's
     # tree (`model/actor.0`)
@@ -562,11 +563,15 @@ def layer_heatmap(repo: Repo, rev: str = "HEAD", limit: int | None = None,
         if limit < 1:
             raise ViewError(f"limit must be at least 1, not {limit}")
         line = line[-limit:]
-    stats = [history.layers(oid) for oid in line]
+    if prefix is None:  # a training snapshot: the model's layers, not optimizer state
+        layers = history.stats(head).get("layers")
+        prefix = "model/" if isinstance(layers, dict) and \
+            any(name.startswith("model/") for name in layers) else ""
+    stats = [history.layers(oid, prefix) for oid in line]
     seen: set[str] = set()
     for layers in stats:
         seen.update(layers)
-    names = _layer_names(seen, prefix)
+    names = sorted(seen, key=natural_key)
     values: list[list[float | None]] = [[] for _ in names]
     material: list[list[int]] = [[] for _ in names]
     frozen: list[list[int]] = [[] for _ in names]

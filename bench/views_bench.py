@@ -2,9 +2,9 @@
 
     python bench/views_bench.py [--runs 5] [--out bench/out/views_bench.json]
 
-The repository: 10 branches of 100 commits each (1,000 commits); branch k starts one
-commit before the head of branch k-1, which then takes one more step, so every branch has
-a branch point and the longest first-parent line holds 991 commits. Every commit carries
+The repository: 10 branches of 100 commits each, branch k starting one commit before the
+head of branch k-1, which then takes one more step (1,009 commits; every branch has a
+branch point; the longest first-parent line holds 991 commits). Every commit carries
 30 metrics, ~25 hyperparameters (nested), an environment record, the frozen layers and
 layer statistics for 50 model layers plus optimizer state, as a training snapshot does.
 Commits are written directly into one pack (their snapshots share one small manifest):

@@ -109,6 +109,7 @@ def test_metric_summary_last_and_best(hist):
     assert rows["exp~1"]["metrics"]["eval/score"]["last"] == "nan"
     assert rows["exp~1"]["metrics"]["eval/score"]["best"] == 7.0
     assert views.lower_is_better("losses/value_loss") and not views.lower_is_better("return")
+    assert views.lower_is_better("perf/update_s") and not views.lower_is_better("charts/SPS")
 
 
 def test_compare_shows_only_differing_hparams_flattened(hist):
@@ -320,3 +321,12 @@ def test_commits_read_without_their_statistics_match_the_full_read(hist):
         want = {k: (v.get("rel"), v.get("material")) for k, v in full.stats["layers"].items()}
         assert history.layers(oid) == want
     assert views.split_stats(payload) is not None and views.split_stats(pretty) is None
+
+
+def test_remote_tracking_branches_are_runs_unless_a_local_branch_shows_them(hist):
+    repo, ids = hist
+    repo.refs.update("refs/remotes/origin/exp", ids["exp"][0])  # behind the local exp
+    repo.refs.update("refs/remotes/origin/main", ids["main"][-1])  # same as main
+    repo.refs.update("refs/remotes/origin/side", ids["main"][1])
+    repo.refs.update("refs/remotes/up/copy", ids["exp2"][0])  # a commit exp2 shows
+    assert [r["name"] for r in views.runs(repo)] == ["exp", "exp2", "main", "origin/side"]

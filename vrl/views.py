@@ -9,7 +9,8 @@ statistics for the pair): never tensor data and never torch, so all of it works 
 metadata-only clone.
 
 A *run* is a line of snapshots: a branch head (by default every local branch, and every
-remote-tracking branch no local branch already shows) or any revision, followed back
+remote-tracking branch that no local branch of its name or at its commit shows) or any
+revision, followed back
 along first parents to the root. Its metrics, curves and heatmap are along that line.
 """
 
@@ -35,7 +36,7 @@ RETURN_METRICS = ("eval/return", "charts/return_last100", "charts/episodic_retur
 
 # Metrics whose smaller values are better; every other metric is better when larger.
 _LOWER_IS_BETTER = re.compile(r"loss|error|err\b|regret|cost|penalty|latency|time|\bkl\b|"
-                              r"approx_kl|perplexity", re.IGNORECASE)
+                              r"approx_kl|perplexity|_s$|_ms$|seconds", re.IGNORECASE)
 
 
 class ViewError(VrlError, ValueError):
@@ -278,11 +279,15 @@ def _select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
         local = repo.refs.list("refs/heads/")
         for ref, oid in sorted(local.items()):
             out.append((short_ref(ref), ref, oid))
-        # a clone has one local branch; the others are remote-tracking
+        # a clone has one local branch, the others are remote-tracking: shown unless a
+        # local branch of that name (or at that commit) already is
+        local_names = {short_ref(ref) for ref in local}
         local_ids = set(local.values())
         for ref, oid in sorted(repo.refs.list("refs/remotes/").items()):
-            if oid not in local_ids and not ref.endswith("/HEAD"):
-                out.append((short_ref(ref), ref, oid))
+            name = short_ref(ref)
+            if oid not in local_ids and name.partition("/")[2] not in local_names and \
+                    not ref.endswith("/HEAD"):
+                out.append((name, ref, oid))
         if not out and repo.head() is not None:  # detached HEAD, no branch
             out.append(("HEAD", None, repo.head()))
     if all_tags:

@@ -149,3 +149,17 @@ def test_plot_never_imports_torch_and_hints_at_matplotlib(hist, tmp_path):
     assert proc.stderr == "error: plotting needs matplotlib: pip install 'vrl[plots]' (or " \
                           "pip install matplotlib)\n"
     assert not (repo.workdir / "d.png").exists()
+
+
+def test_dollar_signs_and_control_characters_are_drawn_literally(ws, capsys):
+    import numpy as np
+
+    repo = Repo.init(ws)
+    for i in range(3):
+        repo.commit({"w": np.full(2, i, np.float32)}, env=False, step=i,
+                    metrics={"cost$": float(i), "a$b\x1b": 1.0})
+    repo.branch("x$y")
+    for metric in ("cost$", "a$b\x1b"):
+        code, _, err = vrl(capsys, "plot", metric, "-o", "c.png")
+        assert code == 0, err
+    assert plots._text("a$b\x1b") == "a\\$b\\x1b"

@@ -330,3 +330,41 @@ def test_remote_tracking_branches_are_runs_unless_a_local_branch_shows_them(hist
     repo.refs.update("refs/remotes/origin/side", ids["main"][1])
     repo.refs.update("refs/remotes/up/copy", ids["exp2"][0])  # a commit exp2 shows
     assert [r["name"] for r in views.runs(repo)] == ["exp", "exp2", "main", "origin/side"]
+
+
+def test_graph_with_a_merge_keeps_edges_clear(hist):
+    """A commit with two parents (hand-made: vrl's own commits have one) gets a lane per
+    parent edge, and no commit sits in a lane an edge runs down."""
+    repo, ids = hist
+    from vrl.objects import Commit
+
+    base = repo.read_commit(ids["exp2"][0])
+    merge = Commit(manifest=base.manifest, parents=(ids["exp2"][0], ids["main"][-1]),
+                   message="merge", author="a", time=at(40))
+    mid = repo.objects.write("commit", merge.to_bytes())
+    side = Commit(manifest=base.manifest, parents=(ids["main"][1],), message="side",
+                  author="a", time=at(41))
+    sid = repo.objects.write("commit", side.to_bytes())
+    repo.refs.update("refs/heads/merged", mid)
+    repo.refs.update("refs/heads/side", sid)
+    g = views.graph(repo)
+    rows = {c["id"]: c for c in g["commits"]}
+    position = {c["id"]: c["row"] for c in g["commits"]}
+    assert len(rows[mid]["parent_lanes"]) == 2
+    assert len(set(rows[mid]["parent_lanes"])) == 2
+    for c in g["commits"]:
+        assert all(position[p] > c["row"] for p in c["parents"])
+        for p, lane in zip(c["parents"], c["parent_lanes"], strict=True):
+            for between in g["commits"][c["row"] + 1:position[p]]:
+                assert between["lane"] != lane
+    assert g["commits"][0]["id"] == sid and g["lanes"] >= 3
+
+
+def test_refs_token_changes_when_a_ref_moves(hist):
+    repo, ids = hist
+    before = views.refs_token(repo)
+    assert views.refs_token(repo) == before
+    import numpy as np
+
+    repo.commit({"w": np.zeros(1, np.float32)}, env=False)
+    assert views.refs_token(repo) != before

@@ -266,6 +266,16 @@ def ref_names(repo: Repo) -> dict[ObjectId, list[str]]:
     return out
 
 
+def refs_token(repo: Repo) -> str:
+    """A short digest of every ref and HEAD: it changes exactly when one moves (a new
+    commit, branch or tag), so a viewer can poll it cheaply to know when to refresh."""
+    import hashlib
+
+    refs = repo.refs.list()
+    text = json.dumps([repo.refs.read_raw("HEAD"), sorted(refs.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
                  ) -> list[tuple[str, str | None, ObjectId]]:
     """(name, full ref or None, commit id) of every run asked for."""

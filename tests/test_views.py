@@ -238,6 +238,7 @@ def test_commit_detail_and_diff(hist):
     assert hp["seed"]["status"] == "same"
     assert d["parents"] == [ids["main"][2]] and d["frozen_layers"] == ["l1"]
     assert d["diff"]["layers"]["model/l0"]["status"] == "changed"
+    assert [k for k, v in d["diff"]["layers"].items() if v["frozen"]] == ["model/l1"]
     assert views.commit_detail(repo, ids["main"][0])["env"] == {"python": "3.11"}
     dd = views.diff(repo, "main", "exp2")
     assert dd["error"] is None and dd["diff"]["layers"]["model/l1"]["rel"] > 0

@@ -723,9 +723,9 @@ def _changes(new: dict[str, Any], old: dict[str, Any] | None) -> list[dict[str, 
 def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
     """One commit: id, parents, refs, message, author, time, step, hparams (flattened,
     each with its change against the first parent), metrics, env (flattened), meta,
-    frozen layers, and its layer table against the first parent (from the statistics it
-    stores; recomputed from tensor data only where it stores none, and None when that
-    data is not here, as in a metadata-only clone)."""
+    frozen layers, and its layer table against the first parent as `DiffResult.to_json`
+    gives it, each layer also marked `frozen` (from the statistics it stores; recomputed
+    from tensor data only where it stores none, and None when that data is not here)."""
     oid = repo.resolve(rev)
     commit = repo.read_commit(oid)
     parent = None
@@ -740,6 +740,10 @@ def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
     except (PrunedError, ObjectNotFoundError):
         layers = None
     frozen = commit.meta.get("frozen_layers")
+    frozen = [f for f in frozen if isinstance(f, str)] if isinstance(frozen, list) else []
+    if layers is not None:
+        for name, entry in layers["layers"].items():
+            entry["frozen"] = _is_frozen(name, set(frozen))
     return {
         "id": oid, "parents": list(commit.parents), "refs": ref_names(repo).get(oid, []),
         "message": commit.message, "author": commit.author, "time": commit.time,
@@ -747,9 +751,7 @@ def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
         "hparams": _changes(commit.hparams, parent.hparams if parent else None),
         "metrics": _changes(commit.metrics, parent.metrics if parent else None),
         "env": flatten(commit.env), "meta": flatten(commit.meta),
-        "frozen_layers": [f for f in frozen if isinstance(f, str)]
-        if isinstance(frozen, list) else [],
-        "diff": layers,
+        "frozen_layers": frozen, "diff": layers,
     }
 
 

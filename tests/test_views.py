@@ -110,6 +110,9 @@ def test_metric_summary_last_and_best(hist):
     assert rows["exp~1"]["metrics"]["eval/score"]["best"] == 7.0
     assert views.lower_is_better("losses/value_loss") and not views.lower_is_better("return")
     assert views.lower_is_better("perf/update_s") and not views.lower_is_better("charts/SPS")
+    assert views.lower_is_better("losses/approx_kl") and views.lower_is_better("wall_time")
+    assert not views.lower_is_better("losses/explained_variance")
+    assert not views.lower_is_better("charts/timesteps")
 
 
 def test_compare_shows_only_differing_hparams_flattened(hist):

@@ -10,8 +10,8 @@ metadata-only clone.
 
 A *run* is a line of snapshots: a branch head (by default every local branch, and every
 remote-tracking branch that no local branch of its name or at its commit shows) or any
-revision, followed back
-along first parents to the root. Its metrics, curves and heatmap are along that line.
+revision, followed back along first parents to the root. Its metrics, curves and heatmap
+are along that line.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ RETURN_METRICS = ("eval/return", "charts/return_last100", "charts/episodic_retur
                   "reward")
 """Metrics shown by default where present (the trainer's returns first)."""
 
-# Metrics whose smaller values are better; every other metric is better when larger.
-_LOWER_IS_BETTER = re.compile(r"loss|error|err\b|regret|cost|penalty|latency|time|\bkl\b|"
-                              r"approx_kl|perplexity|_s$|_ms$|seconds", re.IGNORECASE)
+# Metrics whose smaller values are better (matched on the last part of the name, so that
+# `losses/explained_variance` is not a loss); every other metric is better when larger.
+_LOWER_IS_BETTER = re.compile(r"loss|error|(^|_)err$|regret|cost|penalty|latency|duration|"
+                              r"(^|_)time($|_)|(^|_)kl($|_)|perplexity|_s$|_ms$|seconds",
+                              re.IGNORECASE)
 
 
 class ViewError(VrlError, ValueError):
@@ -46,7 +48,7 @@ class ViewError(VrlError, ValueError):
 @functools.lru_cache(maxsize=4096)
 def lower_is_better(metric: str) -> bool:
     """Whether the best value of `metric` is its smallest (losses, errors, KL, times)."""
-    return _LOWER_IS_BETTER.search(metric) is not None
+    return _LOWER_IS_BETTER.search(metric.rpartition("/")[2]) is not None
 
 
 # ---------------------------------------------------------------------------- values

@@ -119,6 +119,9 @@ def first_line(text: str) -> str:
 # bytes: a dict per layer) come last but for the step and the time.
 _TAIL = re.compile(rb',"step":(?:-?[0-9]+|null),"time":"[^"\\]*"\}\Z')
 _STATS_KEY = b'],"stats":'  # after the parents list
+_FIELDS = tuple(f',"{name}":'.encode() for name in ("author", "env", "format", "hparams",
+                                                      "manifest", "message", "meta",
+                                                      "metrics", "parents"))
 
 
 def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
@@ -129,7 +132,7 @@ def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
     heatmap and a commit's details need them. The cut is taken at the last `],"stats":`
     before the tail: a match inside a nested value leaves brackets unclosed (the tail
     closes one level), so a commit the cut misreads is never valid JSON - the caller
-    then parses it whole.
+    then parses it whole, as it does bytes that are not canonical.
     """
     tail = _TAIL.search(payload)
     if tail is None:
@@ -138,7 +141,12 @@ def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
     if key < 0:
         return None
     start = key + len(_STATS_KEY)
-    return payload[:start] + b"{}" + payload[tail.start():], payload[start:tail.start()]
+    stats = payload[start:tail.start()]
+    # A commit's field after its statistics would be cut away with them: never in a
+    # canonical commit (sorted keys), so such bytes (even a layer so named) are read whole
+    if any(field in stats for field in _FIELDS):
+        return None
+    return payload[:start] + b"{}" + payload[tail.start():], stats
 
 
 class History:

@@ -297,3 +297,17 @@ def test_eval_errors_are_one_line(ws, capsys, eval_plugin):
     assert "is not a training snapshot" in err and "\n" not in err
     assert main(["eval", "nope"]) == 1
     assert "unknown revision" in capsys.readouterr().err
+
+
+def test_changed_learning_rate_applies_on_resume_and_iterations_stop_at_the_total(ws, capsys):
+    main(["init"])
+    train(capsys, "--steps", str(2 * STEPS_PER_ITERATION), "--branch", "base",
+          "--set", "anneal_lr=false", "--iterations", "5")
+    repo = Repo(ws)
+    assert iterations_of(repo, "base") == [2, 1]  # --iterations never runs past --steps
+    train(capsys, "--from", "base", "--branch", "lr", "--set", "learning_rate=0.001",
+          "--steps", str(3 * STEPS_PER_ITERATION))
+    top = repo.read_commit(repo.resolve("lr"))
+    # the config's learning rate wins over the one saved with the optimizer state
+    assert top.metrics["charts/learning_rate"] == 0.001
+    assert repo.load("lr")["algo"]["optimizer"]["param_groups"][0]["lr"] == 0.001

@@ -233,8 +233,8 @@ def _train(ctx: click.Context, **o: Any) -> None:
     run = read_run(repo, o["from_rev"]) if o["from_rev"] else None
     env = o["env"] or (run.env_spec if run else None) or "warehouse"
     if run is not None and run.env_spec is None and o["env"] is None:
-        click.echo(f"vrl: {o['from_rev']} predates stored env specs; assuming --env "
-                   "warehouse (pass --env to say otherwise)", err=True)
+        click.echo(f"vrl: {o['from_rev']} does not say which env it was trained on; "
+                   "assuming --env warehouse (pass --env to say otherwise)", err=True)
     base = {**run.config, "algo": run.algo} if run else None
     if base is not None and env != (run.env_spec or "warehouse"):
         base["env"] = {}  # the stored env options belong to the stored env

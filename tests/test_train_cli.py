@@ -311,3 +311,24 @@ def test_changed_learning_rate_applies_on_resume_and_iterations_stop_at_the_tota
     # the config's learning rate wins over the one saved with the optimizer state
     assert top.metrics["charts/learning_rate"] == 0.001
     assert repo.load("lr")["algo"]["optimizer"]["param_groups"][0]["lr"] == 0.001
+
+
+def test_from_a_python_api_snapshot_without_env_spec(ws, capsys):
+    """StoreHook used from Python without an env spec: --from assumes the warehouse and
+    says so; a wrong guess would be caught by the size checks."""
+    from trainer.config import PPOConfig
+    from trainer.envs.warehouse import WarehouseEnv
+    from trainer.store_hook import StoreHook
+    from trainer.train import Trainer
+
+    repo = Repo.init(ws)
+    cfg = PPOConfig(num_envs=2, num_steps=16, hidden_sizes=[16], num_minibatches=2,
+                    update_epochs=2, total_steps=2 * STEPS_PER_ITERATION,
+                    env={"num_agents": 4, "max_steps": 8})
+    hook = StoreHook(repo, branch="api")
+    Trainer(WarehouseEnv(2, num_agents=4, max_steps=8), cfg, hooks=[hook]).train()
+    hook.close()
+    assert repo.read_commit(repo.resolve("api")).hparams["env_spec"] is None
+    _, err = train(capsys, "--from", "api", "--steps", str(3 * STEPS_PER_ITERATION))
+    assert "does not say which env it was trained on; assuming --env warehouse" in err
+    assert iterations_of(repo, "api") == [3, 2, 1]

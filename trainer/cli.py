@@ -62,13 +62,17 @@ def _one_line(exc: BaseException) -> str:
     return (text.strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _load_algo_from_yaml(path: str | None) -> str | None:
+def _from_yaml(path: str | None, key: str) -> str | None:
+    """``algo`` or ``env_spec`` of a --config file (as `--out` writes them), if any."""
     if path is None:
         return None
-    from trainer.config import load_yaml
+    from trainer.config import ConfigError, load_yaml
 
     data = load_yaml(path) or {}
-    return data.get("algo") if isinstance(data, dict) else None
+    value = data.get(key) if isinstance(data, dict) else None
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{path}: {key} must be a string, got {value!r}")
+    return value
 
 
 def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[str, ...],
@@ -87,7 +91,7 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     from trainer.hooks import JSONLLogger, ProgressHook, TensorBoardLogger
     from trainer.train import Trainer
 
-    algo = algo or _load_algo_from_yaml(config_path) or (base or {}).get("algo") or "ppo"
+    algo = algo or _from_yaml(config_path, "algo") or (base or {}).get("algo") or "ppo"
     if base is not None and algo in CONFIGS:
         # a stored config of another algorithm (or an older trainer): keep what still fits
         names = {f.name for f in dataclasses.fields(CONFIGS[algo])}
@@ -135,7 +139,8 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 @click.command("train", context_settings=HELP)
 @click.option("--env", "env", default=None,
               help="warehouse | gym:ID | gym:module:ID | pettingzoo:module:factory "
-                   "[default: the snapshot's with --from, else warehouse]")
+                   "[default: the --config file's env_spec, the snapshot's with --from, "
+                   "else warehouse]")
 @click.option("--algo", type=click.Choice(["ppo", "gspo"]), default=None,
               help="algorithm (default: the config file's 'algo', the snapshot's with --from, "
                    "else ppo)")
@@ -231,8 +236,9 @@ def _train(ctx: click.Context, **o: Any) -> None:
     _check_run_options(o)
     repo, untracked = _open_repo(o["store"], o["from_rev"])
     run = read_run(repo, o["from_rev"]) if o["from_rev"] else None
-    env = o["env"] or (run.env_spec if run else None) or "warehouse"
-    if run is not None and run.env_spec is None and o["env"] is None:
+    env = (o["env"] or _from_yaml(o["config_path"], "env_spec")
+           or (run.env_spec if run else None) or "warehouse")
+    if run is not None and run.env_spec is None and env == "warehouse" and not o["env"]:
         click.echo(f"vrl: {o['from_rev']} does not say which env it was trained on; "
                    "assuming --env warehouse (pass --env to say otherwise)", err=True)
     base = {**run.config, "algo": run.algo} if run else None
@@ -442,9 +448,10 @@ def eval_command(rev: str, episodes: int, greedy: bool, seed: int, env_spec: str
 def _eval(rev, episodes, greedy, seed, env_spec, device, gif, baseline, as_json) -> None:
     import torch
 
-    from trainer.eval import evaluate
+    from trainer.eval import check_options, evaluate
     from vrl import Repo
 
+    check_options(episodes, gif)
     torch.set_num_threads(1)
     result = evaluate(Repo("."), rev, episodes=episodes, greedy=greedy, seed=seed,
                       device=device, gif=gif, env_spec=env_spec, baseline=baseline)

@@ -295,6 +295,7 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         loaded.pop("algo", None)
+        loaded.pop("env_spec", None)  # the env to build (the CLI reads it), not a field
         values.update(loaded)
     env = dict(values.pop("env", None) or {})
     for text in overrides:

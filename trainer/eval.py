@@ -107,6 +107,14 @@ def run_episodes(env: Any, act: Any, episodes: int, seed: int) -> list[dict[str,
     raise EvalError(f"only {len(done)} of {episodes} episodes finished in {MAX_STEPS} steps")
 
 
+def check_options(episodes: int, gif: str | None) -> None:
+    """What can be refused before anything is read or run."""
+    if episodes < 1:
+        raise EvalError(f"--episodes must be at least 1, got {episodes}")
+    if gif is not None and importlib.util.find_spec("PIL") is None:
+        raise EvalError("--gif needs pillow: pip install 'vrl[plots]'")
+
+
 def evaluate(repo: Repo, rev: str, *, episodes: int = 10, greedy: bool = False,
              seed: int = 0, device: str = "cpu", gif: str | None = None,
              env_spec: str | None = None, baseline: bool = True) -> EvalResult:
@@ -114,12 +122,11 @@ def evaluate(repo: Repo, rev: str, *, episodes: int = 10, greedy: bool = False,
     from trainer.config import config_from_dict
     from trainer.envs import make_env
 
-    if episodes < 1:
-        raise EvalError(f"--episodes must be at least 1, got {episodes}")
-    if gif is not None and importlib.util.find_spec("PIL") is None:
-        raise EvalError("--gif needs pillow: pip install 'vrl[plots]'")
+    check_options(episodes, gif)
     run = read_run(repo, rev)
     spec = env_spec or run.env_spec or "warehouse"
+    if gif is not None and spec != "warehouse" and not spec.startswith("gym:"):
+        raise EvalError(f"--gif renders the warehouse and Gymnasium envs, not {spec!r}")
     config = config_from_dict(run.algo, run.config)
     # the stored env options belong to the stored env
     kwargs = _env_kwargs(spec, config) if spec == (run.env_spec or "warehouse") else {}

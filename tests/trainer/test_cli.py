@@ -170,3 +170,32 @@ def test_interrupt_prints_the_command_that_resumes(tmp_path, sig, code):
     assert result.returncode == 0, result.stderr
     assert repo.read_commit(repo.resolve("run")).meta["iteration"] == tip + 1
     assert repo.resolve("run~1") == repo.log("run")[1].id
+
+
+def test_out_config_yaml_is_a_valid_config_file(tmp_path, monkeypatch):
+    """--out writes config.yaml (with algo and env_spec); --config reads it back as is."""
+    monkeypatch.chdir(tmp_path)
+    first = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "128", "--algo",
+                                       "gspo", "--set", "learning_rate=3e-4", "--out", "a"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(train, ["--no-progress", "--device", "cpu", "--no-store",
+                                       "--config", "a/config.yaml", "--out", "b"])
+    assert again.exit_code == 0, again.output
+    text = (tmp_path / "a" / "config.yaml").read_text()
+    assert "env_spec: warehouse" in text and "algo: gspo" in text
+    assert (tmp_path / "b" / "config.yaml").read_text() == text
+
+
+def test_eval_gif_without_pillow_says_how_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    from trainer import eval as trainer_eval
+    from trainer.cli import eval_command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(trainer_eval.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "PIL" else real(name, *a))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(eval_command, ["HEAD", "--gif", "x.gif"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: --gif needs pillow: pip install 'vrl[plots]'"

@@ -120,8 +120,9 @@ def test_from_a_branch_continues_it_in_place(ws, capsys):
     err = capsys.readouterr().err
     assert "has finished its run" in err and "--from main" in err and "--steps" in err
     assert len(repo.log("main")) == 6
-    # a larger total continues the same branch
-    train(capsys, "--from", "main", "--steps", str(7 * STEPS_PER_ITERATION))
+    # a larger total continues the same branch (HEAD is on it, so --from HEAD does too)
+    train(capsys, "--from", "HEAD", "--steps", str(7 * STEPS_PER_ITERATION))
+    assert set(repo.branches()) == {"main", "straight"}
     assert iterations_of(repo, "main")[:2] == [7, 6]
 
 

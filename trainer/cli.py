@@ -376,8 +376,11 @@ def _store_hooks(trainer, repo, run, o):
     from_rev, branch = o["from_rev"], o["branch"]
     branches = repo.branches()
     start = run.commit if run else None
-    if branch is None and from_rev is not None and from_rev in branches:
-        branch = from_rev  # `--from BRANCH`: continue that branch in place
+    if branch is None and from_rev is not None:
+        # `--from BRANCH` (or `--from HEAD` on a branch, as git commits on HEAD's branch):
+        # continue that branch in place
+        named = repo.current_branch() if from_rev == "HEAD" else from_rev
+        branch = named if named in branches else None
     if branch is None:
         stem = f"{trainer.config.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
         branch, n = stem, 1

@@ -1,23 +1,78 @@
-"""``vrl train`` (plugin entry point) and ``python -m trainer``: a thin layer over
-:class:`trainer.train.Trainer` that turns known errors into a short message."""
+"""``vrl train`` / ``vrl eval`` (plugin entry points) and ``python -m trainer``: a thin
+layer over :class:`trainer.train.Trainer` and :mod:`trainer.eval` that turns every known
+error into one line (``VRL_DEBUG=1`` shows the traceback).
+
+Runs are branches: ``--from BRANCH`` continues that branch in place (new commits on it,
+same ``best/<branch>`` tag, counters continue); ``--from REV --branch NEW`` forks a new run
+from any snapshot. A snapshot stores the env spec, the algorithm and the resolved config,
+so ``--from`` needs no other flag; flags given explicitly override the stored values.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import shlex
+import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
 
+HELP = {"help_option_names": ["-h", "--help"]}
+# options that a snapshot does not store, so a resume command must repeat them
+RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
+               "best_metric", "dirty_layers", "dirty_threshold", "dirty_window",
+               "dirty_refresh", "progress", "log_every")
 
-def _load_algo_from_yaml(path: str | None) -> str | None:
+
+class Terminated(Exception):
+    """Raised in the main thread by SIGTERM (after the Snapshotter flushed, if any)."""
+
+
+@contextlib.contextmanager
+def one_line_errors(*known: type[BaseException], phase: str | None = None
+                    ) -> Iterator[None]:
+    """VrlErrors (and the ``known`` exception types) become a ClickException: one line,
+    exit code 1. With ``phase`` ("cannot create env ..."), any exception is reported: env
+    constructors are third-party code whose errors (gymnasium.error.NameNotFound, ...)
+    share no base class. ``VRL_DEBUG=1`` lets the traceback through."""
+    from vrl.errors import VrlError
+
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except (VrlError, *known) as exc:
+        if os.environ.get("VRL_DEBUG"):
+            raise
+        raise click.ClickException(_one_line(exc)) from exc
+    except Exception as exc:
+        if phase is None or os.environ.get("VRL_DEBUG"):
+            raise
+        raise click.ClickException(f"{phase}: {type(exc).__name__}: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return (text.strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _from_yaml(path: str | None, key: str) -> str | None:
+    """``algo`` or ``env_spec`` of a --config file (as `--out` writes them), if any."""
     if path is None:
         return None
-    from trainer.config import load_yaml
+    from trainer.config import ConfigError, load_yaml
 
     data = load_yaml(path) or {}
-    return data.get("algo") if isinstance(data, dict) else None
+    value = data.get(key) if isinstance(data, dict) else None
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{path}: {key} must be a string, got {value!r}")
+    return value
 
 
 def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[str, ...],
@@ -29,19 +84,24 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     ``base`` is a stored config (``vrl train --from``) that --config and --set override."""
     import torch
 
-    from trainer.config import load_config
+    from trainer.config import CONFIGS, load_config
     from trainer.devices import resolve_device
     from trainer.distributed import init_distributed
     from trainer.envs import make_env
     from trainer.hooks import JSONLLogger, ProgressHook, TensorBoardLogger
     from trainer.train import Trainer
 
-    algo = algo or _load_algo_from_yaml(config_path) or (base or {}).get("algo") or "ppo"
-    config = load_config(algo, config_path, overrides, base=base)
+    algo = algo or _from_yaml(config_path, "algo") or (base or {}).get("algo") or "ppo"
+    if base is not None and algo in CONFIGS:
+        # a stored config of another algorithm (or an older trainer): keep what still fits
+        names = {f.name for f in dataclasses.fields(CONFIGS[algo])}
+        base = {k: v for k, v in base.items() if k in names}
+    overrides = tuple(overrides)
     if steps is not None:
-        config.total_steps = steps
+        overrides += (f"total_steps={steps}",)  # validated like any other field
     if seed is not None:
-        config.seed = seed
+        overrides += (f"seed={seed}",)
+    config = load_config(algo, config_path, overrides, base=base)
     dev = resolve_device(device)
     if dev.type == "cpu" or threads:
         # RL policies are small: one intra-op thread is fastest, and several spin-waiting
@@ -52,40 +112,46 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     if env == "warehouse":
         env_kwargs.setdefault("gamma", config.gamma)
     rank_seed = config.seed + 7919 * dist.rank
-    vec = make_env(env, config.num_envs, device=dev, seed=rank_seed, env_kwargs=env_kwargs)
-    eval_env = None
-    if config.eval_interval and dist.is_main:
-        eval_env = make_env(env, config.num_envs, device=dev, seed=rank_seed + 1,
-                            env_kwargs=env_kwargs)
+    with one_line_errors(ValueError, ImportError, phase=f"cannot create env {env!r}"):
+        vec = make_env(env, config.num_envs, device=dev, seed=rank_seed, env_kwargs=env_kwargs)
+        eval_env = None
+        if config.eval_interval and dist.is_main:
+            eval_env = make_env(env, config.num_envs, device=dev, seed=rank_seed + 1,
+                                env_kwargs=env_kwargs)
     hooks = []
     if dist.is_main:
         hooks.append(ProgressHook(every=log_every, bar=progress))
         if out is not None:
             out_dir = Path(out)
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "config.yaml").write_text(
-                yaml.safe_dump({"algo": algo, **dataclasses.asdict(config)}, sort_keys=False))
+            (out_dir / "config.yaml").write_text(yaml.safe_dump(
+                {"algo": algo, "env_spec": env, **dataclasses.asdict(config)}, sort_keys=False))
             hooks.append(JSONLLogger(out_dir))
             try:
                 hooks.append(TensorBoardLogger(out_dir / "tb"))
             except ImportError:
                 pass  # TensorBoard is optional
     trainer = Trainer(vec, config, device=dev, precision=precision, hooks=hooks,
-                      eval_env=eval_env, dist=dist)
+                      eval_env=eval_env, dist=dist, env_spec=env)
     return trainer, dist
 
 
-@click.command("train")
-@click.option("--env", "env", default="warehouse", show_default=True,
-              help="warehouse | gym:ID | pettingzoo:module:factory")
+@click.command("train", context_settings=HELP)
+@click.option("--env", "env", default=None,
+              help="warehouse | gym:ID | gym:module:ID | pettingzoo:module:factory "
+                   "[default: the --config file's env_spec, the snapshot's with --from, "
+                   "else warehouse]")
 @click.option("--algo", type=click.Choice(["ppo", "gspo"]), default=None,
-              help="algorithm (default: the config file's 'algo', else ppo)")
+              help="algorithm (default: the config file's 'algo', the snapshot's with --from, "
+                   "else ppo)")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="YAML file of config fields")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a config field, e.g. --set learning_rate=3e-4 "
                    "--set env.num_agents=10 (repeatable)")
-@click.option("--steps", type=int, default=None, help="total agent-steps of the run")
+@click.option("--steps", type=int, default=None,
+              help="total agent-steps of the run (with --from: the total to reach, counting "
+                   "the steps already done)")
 @click.option("--iterations", type=int, default=None,
               help="stop after this many iterations (resume later with --from)")
 @click.option("--seed", type=int, default=None)
@@ -103,69 +169,135 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
               help="commit snapshots to the vrl repository around the current directory "
                    "[default: when there is one]")
 @click.option("--from", "from_rev", default=None, metavar="REV",
-              help="start from this snapshot (exact resume; its config is the base)")
+              help="start from this snapshot with its env, algorithm and config (exact "
+                   "resume). A branch name continues that branch in place")
 @click.option("--branch", default=None,
-              help="branch to commit on [a new one per run: <algo>-<date>-<time>]")
+              help="branch to commit on [with --from BRANCH: that branch; else a new one "
+                   "per run: <algo>-<date>-<time>]; with --from REV: fork to this new branch")
 @click.option("--snapshot-every", type=int, default=1, show_default=True,
               help="commit a snapshot every K iterations")
 @click.option("--keep-last", type=int, default=None,
               help="retention: keep the tensors of the last N snapshots (and tagged ones)")
-@click.option("--best-metric", default="charts/return_last100", show_default=True,
+@click.option("--best-metric", default="charts/return", show_default=True,
               help="the snapshot best by this metric carries tag best/<branch>")
 @click.option("--dirty-layers/--no-dirty-layers", default=False, show_default=True,
               help="freeze layers whose change over recent snapshots is not material")
 @click.option("--dirty-threshold", type=float, default=0.02, show_default=True)
 @click.option("--dirty-window", type=int, default=3, show_default=True)
 @click.option("--dirty-refresh", type=int, default=10, show_default=True)
-def train(env, algo, config_path, overrides, steps, iterations, seed, device, precision, out,
-          threads, progress, log_every, store, from_rev, branch, snapshot_every, keep_last,
-          best_metric, dirty_layers, dirty_threshold, dirty_window, dirty_refresh):
-    """Train a shared policy with PPO or GSPO, committing snapshots as it trains."""
-    from trainer.config import ConfigError
-    from trainer.distributed import shutdown
+@click.pass_context
+def train(ctx: click.Context, **options: Any) -> None:
+    """Train a shared policy with PPO or GSPO, committing snapshots as it trains.
+
+    \b
+    vrl train --from BRANCH           continue BRANCH in place (Ctrl-C prints this command)
+    vrl train --from REV --branch NEW fork a new run from any snapshot
+    """
+    with one_line_errors():
+        _train(ctx, **options)
+
+
+def _check_run_options(o: dict[str, Any]) -> None:
+    for name, low in (("iterations", 1), ("snapshot_every", 1), ("keep_last", 1),
+                      ("threads", 1), ("log_every", 0), ("dirty_window", 1),
+                      ("dirty_refresh", 1)):
+        if o[name] is not None and o[name] < low:
+            flag = "--" + name.replace("_", "-")
+            raise click.ClickException(f"{flag} must be at least {low}, got {o[name]}")
+    if o["steps"] is not None and o["steps"] < 1:
+        raise click.ClickException(f"--steps must be a positive number of agent-steps, "
+                                   f"got {o['steps']}")
+
+
+def _open_repo(store: bool | None, from_rev: str | None):
+    """(repo or None, untracked): --store/--from need a repository; the default uses one
+    when the current directory is inside one."""
     from vrl import Repo
     from vrl.errors import NotARepositoryError
 
-    repo = start = None
     if store or from_rev:
-        repo = Repo(".")  # a VrlError ("not a vrl repository ...") is reported by vrl
-    elif store is None:
         try:
-            repo = Repo(".")
+            return Repo("."), False
+        except NotARepositoryError as exc:
+            why = "--from" if from_rev else "--store"
+            raise click.ClickException(f"{why} needs a vrl repository: {exc}") from None
+    if store is None:
+        try:
+            return Repo("."), False
         except NotARepositoryError:
-            pass
-    untracked = store is None and repo is None
-    store = repo is not None and store is not False
-    if from_rev:
-        start = repo.resolve(from_rev)
-    base = repo.load(start)["config"] if start else None
-    try:
-        trainer, dist = build(env, algo, config_path, overrides, steps, seed, device,
-                              precision, out, progress, log_every, base=base,
-                              threads=threads)
-    except (ConfigError, ValueError, ImportError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
+            return None, True
+    return None, False
+
+
+def _train(ctx: click.Context, **o: Any) -> None:
+    from trainer.distributed import shutdown
+    from trainer.store_hook import check_fits, read_run
+
+    _check_run_options(o)
+    repo, untracked = _open_repo(o["store"], o["from_rev"])
+    run = read_run(repo, o["from_rev"]) if o["from_rev"] else None
+    env = (o["env"] or _from_yaml(o["config_path"], "env_spec")
+           or (run.env_spec if run else None) or "warehouse")
+    if run is not None and run.env_spec is None and env == "warehouse" and not o["env"]:
+        click.echo(f"vrl: {o['from_rev']} does not say which env it was trained on; "
+                   "assuming --env warehouse (pass --env to say otherwise)", err=True)
+    base = {**run.config, "algo": run.algo} if run else None
+    if base is not None and env != (run.env_spec or "warehouse"):
+        base["env"] = {}  # the stored env options belong to the stored env
+    with one_line_errors(ValueError, ImportError, RuntimeError):  # e.g. --device cuda
+        trainer, dist = build(env, o["algo"], o["config_path"], o["overrides"], o["steps"],
+                              o["seed"], o["device"], o["precision"], o["out"],
+                              o["progress"], o["log_every"], base=base, threads=o["threads"])
     if untracked and dist.is_main:
         click.echo("vrl: not in a vrl repository, so no snapshots are kept "
                    "(`vrl init` first to keep them)", err=True)
-    if start is not None:
-        trainer.load_state_dict(repo.load(start))
-        # the run's length comes from this config (--steps), not from the snapshot's
-        trainer.num_iterations = max(1, trainer.config.total_steps //
-                                     trainer.steps_per_iteration)
-    hook = None
-    if store and dist.is_main:
-        hook, branch = _store_hooks(trainer, repo, start, branch, snapshot_every, keep_last,
-                                    best_metric, dirty_layers, dirty_threshold,
-                                    dirty_window, dirty_refresh)
-    try:
-        metrics = trainer.train(iterations)
-    finally:
-        if hook is not None:
-            hook.close()  # flushes pending snapshots (also on Ctrl-C)
+    if run is not None:
+        state = repo.load(run.commit)
+        check_fits(trainer, state, run, o["from_rev"])
+        cfg, stored = trainer.config, run.config
+        same_env = (env == (run.env_spec or "warehouse") and cfg.num_envs ==
+                    stored.get("num_envs") and cfg.env == (stored.get("env") or {}))
+        trainer.load_state_dict(state, restore_env=same_env)
+        if not same_env and dist.is_main:
+            click.echo("vrl: the env settings differ from the snapshot's: starting fresh "
+                       "episodes", err=True)
+        # the run's length is this config's total_steps (--steps), counted from step 0
+        remaining = max(0, cfg.total_steps - trainer.global_step)
+        trainer.num_iterations = trainer.iteration + remaining // trainer.steps_per_iteration
+    if run is not None and trainer.iteration >= trainer.num_iterations:
+        if dist.is_main:
+            click.echo(f"vrl: {o['from_rev']} has finished its run ({trainer.global_step} of "
+                       f"{trainer.config.total_steps} agent-steps); to train further, give a "
+                       f"larger total: {_resume_command(ctx, o['from_rev'])} "
+                       f"--steps {2 * max(trainer.global_step, 1)}", err=True)
         shutdown(dist)
+        return
+    hook, branch = None, None
+    store = repo is not None and o["store"] is not False
+    if store and dist.is_main:
+        hook, branch = _store_hooks(trainer, repo, run, o)
+    interrupted: BaseException | None = None
+    restore, previous = _on_sigterm_raise()
+    try:
+        metrics = trainer.train(o["iterations"])
+    except (KeyboardInterrupt, Terminated) as exc:
+        interrupted = exc
+    finally:
+        try:
+            if hook is not None:
+                hook.close()  # flushes pending snapshots (also on Ctrl-C / SIGTERM)
+        finally:
+            restore()
+            shutdown(dist)
+    if interrupted is not None:
+        if dist.is_main:
+            _print_resume_hint(ctx, trainer, hook, branch, store, interrupted)
+        if isinstance(interrupted, Terminated) and callable(previous):
+            previous(signal.SIGTERM, None)  # the embedding program's own handler runs too
+        raise click.exceptions.Exit(130 if isinstance(interrupted, KeyboardInterrupt)
+                                    else 128 + signal.SIGTERM)
     if dist.is_main:
-        summary = {k: metrics[k] for k in ("charts/global_step", "charts/return_last100",
+        summary = {k: metrics[k] for k in ("charts/global_step", "charts/return",
                                            "charts/SPS") if k in metrics}
         if hook is not None:
             summary["vrl/branch"] = branch
@@ -174,39 +306,176 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
         click.echo(json.dumps(summary, sort_keys=True))
 
 
-def _store_hooks(trainer, repo, start, branch, every, keep_last, best_metric, dirty,
-                 threshold, window, refresh):
-    """Create the run's branch, attach HEAD to it, and add the store (and dirty-layer)
-    hooks in front of the others, so they see each iteration first."""
+def _on_sigterm_raise():
+    """SIGTERM raises Terminated in the main thread, so the run ends like on Ctrl-C (the
+    Snapshotter's own handler, installed on top while training, flushes first and then
+    calls this one). Returns the function that puts the previous handler back, and that
+    handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return (lambda: None), None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return (lambda: signal.signal(signal.SIGTERM, previous)), previous
+
+
+def _resume_command(ctx: click.Context, branch: str) -> str:
+    """The command that continues ``branch``: this command's name, ``--from``, and the
+    options given on this command line that a snapshot does not store."""
+    from click.core import ParameterSource
+
+    words = [ctx.command_path, "--from", shlex.quote(branch)]
+    for param in ctx.command.params:
+        if param.name not in RUN_OPTIONS or not isinstance(param, click.Option) or \
+                ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params.get(param.name)
+        if param.is_flag:
+            if value:
+                words.append(param.opts[0])
+            elif param.secondary_opts:
+                words.append(param.secondary_opts[0])
+        elif value is not None:
+            words += [param.opts[0], shlex.quote(str(value))]
+    return " ".join(words)
+
+
+def _print_resume_hint(ctx, trainer, hook, branch, store, exc) -> None:
+    what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated (SIGTERM)"
+    where = f"at iteration {trainer.iteration} (step {trainer.global_step})"
+    if not store:
+        click.echo(f"vrl: {what} {where}; no snapshots were kept (no repository or "
+                   "--no-store), so there is nothing to resume", err=True)
+        return
+    if hook is not None and hook.commits:
+        click.echo(f"vrl: {what} {where}; last snapshot {hook.commits[-1][:12]} is committed "
+                   f"on branch {branch}", err=True)
+    elif branch is not None and branch in hook.repo.branches():
+        click.echo(f"vrl: {what} {where}; no new snapshot was committed, branch {branch} "
+                   "is where it started", err=True)
+    else:
+        click.echo(f"vrl: {what} {where} before the first snapshot; run the same command "
+                   "again to start over", err=True)
+        return
+    click.echo(f"vrl: resume with: {_resume_command(ctx, branch)}", err=True)
+
+
+def _store_hooks(trainer, repo, run, o):
+    """Pick the run's branch (continue, fork or new), attach HEAD to it, and add the store
+    (and dirty-layer) hooks in front of the others, so they see each iteration first."""
     import time
 
     from trainer.dirty_layers import DirtyLayerConfig, DirtyLayerController
     from trainer.store_hook import StoreHook
     from vrl.errors import RefConflictError
 
+    from_rev, branch = o["from_rev"], o["branch"]
+    branches = repo.branches()
+    start = run.commit if run else None
+    if branch is None and from_rev is not None:
+        # `--from BRANCH` (or `--from HEAD` on a branch, as git commits on HEAD's branch):
+        # continue that branch in place
+        named = repo.current_branch() if from_rev == "HEAD" else from_rev
+        branch = named if named in branches else None
     if branch is None:
         stem = f"{trainer.config.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
         branch, n = stem, 1
-        while branch in repo.branches():
+        while branch in branches:
             n += 1
             branch = f"{stem}-{n}"
-    if start is not None:
+    continuing = start is not None and branches.get(branch) == start
+    if branch in branches and not continuing:
+        if start is None:
+            raise click.ClickException(
+                f"branch {branch!r} already exists; continue it with `--from {branch}`, or "
+                f"fork it with `--from {branch} --branch NEW`, or pick another --branch")
+        raise click.ClickException(
+            f"branch {branch!r} already exists and is not at {from_rev} ({start[:12]}); "
+            f"continue it with `--from {branch}`, or fork {from_rev} to a new --branch")
+    if start is not None and not continuing:
         try:
             repo.branch(branch, start)
         except RefConflictError:
-            raise click.ClickException(f"branch {branch!r} already exists; pick another "
-                                       "--branch for the new run") from None
-    elif branch in repo.branches():
-        raise click.ClickException(f"branch {branch!r} already exists; continue it with "
-                                   f"--from {branch}, or pick another --branch")
+            raise click.ClickException(f"branch {branch!r} was just created by someone "
+                                       "else; pick another --branch") from None
     repo.refs.set_head(f"refs/heads/{branch}", reason=f"train: run on {branch}")
-    hook = StoreHook(repo, every=every, branch=branch, best_metric=best_metric or None,
-                     best_tag=f"best/{branch}", keep_last=keep_last)
+    hook = StoreHook(repo, every=o["snapshot_every"], branch=branch,
+                     best_metric=o["best_metric"] or None, best_tag=f"best/{branch}",
+                     keep_last=o["keep_last"])
     hooks = [hook]
-    if dirty:
+    if o["dirty_layers"]:
         hooks.append(DirtyLayerController(hook, DirtyLayerConfig(
-            threshold=threshold, window=window, refresh=refresh)))
+            threshold=o["dirty_threshold"], window=o["dirty_window"],
+            refresh=o["dirty_refresh"])))
     trainer.hooks[:0] = hooks
-    click.echo(f"vrl: committing snapshots to branch {branch}"
-               + (f" (from {start[:12]})" if start else ""), err=True)
+    if continuing:
+        note = f" (continuing at iteration {trainer.iteration}, step {trainer.global_step})"
+    elif start is not None:
+        note = f" (forked from {from_rev} at {start[:12]})"
+    else:
+        note = ""
+    click.echo(f"vrl: committing snapshots to branch {branch}{note}", err=True)
     return hook, branch
+
+
+@click.command("eval", context_settings=HELP)
+@click.argument("rev", default="HEAD")
+@click.option("--episodes", type=int, default=10, show_default=True,
+              help="episodes to run (warehouse: one world each, in one batch)")
+@click.option("--greedy/--sample", default=False, show_default=True,
+              help="take the most likely action, or sample from the policy")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seeds the envs and the action sampling")
+@click.option("--env", "env_spec", default=None,
+              help="override the env spec stored with the snapshot")
+@click.option("--device", default="cpu", show_default=True, help="cpu|cuda[:i]|npu[:i]")
+@click.option("--gif", type=click.Path(dir_okay=False), default=None,
+              help="write one episode as an animated GIF (warehouse; Gymnasium envs with "
+                   "an rgb_array renderer; needs pillow)")
+@click.option("--baseline/--no-baseline", default=True, show_default=True,
+              help="warehouse: also run the shortest-path controller on the same worlds")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def eval_command(rev: str, episodes: int, greedy: bool, seed: int, env_spec: str | None,
+                 device: str, gif: str | None, baseline: bool, as_json: bool) -> None:
+    """Run a snapshot's policy (any revision, e.g. best/<branch>) on the env it was
+    trained on, and print the env's metrics (next to the classical baseline for the
+    warehouse)."""
+    with one_line_errors(ValueError, ImportError):
+        _eval(rev, episodes, greedy, seed, env_spec, device, gif, baseline, as_json)
+
+
+def _eval(rev, episodes, greedy, seed, env_spec, device, gif, baseline, as_json) -> None:
+    import torch
+
+    from trainer.eval import check_options, evaluate
+    from vrl import Repo
+
+    check_options(episodes, gif)
+    torch.set_num_threads(1)
+    result = evaluate(Repo("."), rev, episodes=episodes, greedy=greedy, seed=seed,
+                      device=device, gif=gif, env_spec=env_spec, baseline=baseline)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        return
+    from vrl.cli._common import fmt_num, table
+
+    at = ", ".join(x for x in (
+        f"iteration {result.iteration}" if result.iteration is not None else "",
+        f"step {result.step}" if result.step is not None else "") if x)
+    click.echo(f"{rev} ({result.commit[:12]}{', ' + at if at else ''}): {result.env_spec}, "
+               f"{result.algo}; {result.episodes} episodes, "
+               f"{'greedy' if result.greedy else 'sampled'} actions, seed {result.seed}")
+    headers = ["metric", "policy"] + (["baseline"] if result.baseline else [])
+    rows = [[key, fmt_num(value)] + ([fmt_num(result.baseline.get(key))]
+                                     if result.baseline else [])
+            for key, value in result.policy.items()]
+    click.echo(table(headers, rows))
+    if result.baseline:
+        click.echo("baseline: shortest-path controller (trainer/envs/baseline.py) on the "
+                   "same worlds")
+    if result.gif:
+        click.echo(f"wrote {result.gif}")

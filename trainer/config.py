@@ -10,6 +10,7 @@ Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment f
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,11 @@ from typing import Any
 import yaml
 
 from vrl import yaml12
+from vrl.errors import VrlError
 
 
-class ConfigError(ValueError):
-    """A configuration key or value is invalid."""
+class ConfigError(VrlError, ValueError):
+    """A configuration key or value is invalid (one line: the CLI prints it as it is)."""
 
 
 @dataclass
@@ -72,6 +74,9 @@ class PPOConfig:
     """episodes per evaluation (the warehouse evaluates one episode per env)"""
     env: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for the environment factory (``--set env.num_agents=10``)"""
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @property
     def algo(self) -> str:
@@ -140,6 +145,73 @@ class GSPOConfig(PPOConfig):
 
 
 CONFIGS: dict[str, type[PPOConfig]] = {"ppo": PPOConfig, "gspo": GSPOConfig}
+
+# The allowed range of every numeric field, in interval notation ("[" includes the bound,
+# "(" excludes it). Every int/float field must have an entry (a test checks it), so a new
+# field cannot slip through unchecked.
+RANGES: dict[str, str] = {
+    "seed": "[0, 4294967295]",  # numpy's seed range
+    "total_steps": "[1, inf)",
+    "num_envs": "[1, inf)",
+    "num_steps": "[1, inf)",
+    "learning_rate": "(0, inf)",
+    "gamma": "(0, 1]",
+    "gae_lambda": "[0, 1]",
+    "num_minibatches": "[1, inf)",
+    "update_epochs": "[1, inf)",
+    "clip_coef": "(0, inf)",
+    "ent_coef": "[0, inf)",
+    "vf_coef": "[0, inf)",
+    "max_grad_norm": "(0, inf)",
+    "target_kl": "(0, inf)",
+    "hidden_sizes": "[1, inf)",  # each width
+    "adam_eps": "(0, inf)",
+    "eval_interval": "[0, inf)",
+    "eval_episodes": "[1, inf)",
+    "hessian_interval": "[1, inf)",
+    "hessian_probes": "[1, inf)",
+    "shaper_beta": "[0, 1)",
+    "shaper_strength": "[0, inf)",
+    "epsilon_base": "(0, inf)",
+    "epsilon_decay": "(0, 1]",
+    "epsilon_min": "[0, inf)",
+    "radius_scale": "(0, inf)",
+    "radius_min_scale": "(0, inf)",
+    "radius_max_scale": "(0, inf)",
+    "sensitivity_beta": "[0, 1)",
+    "replay_alpha": "[0, inf)",
+    "replay_beta0": "[0, 1]",
+    "replay_eps": "(0, inf)",
+}
+
+
+def _in_range(value: float, interval: str) -> bool:
+    lo_text, hi_text = interval[1:-1].split(",")
+    lo, hi = float(lo_text), float(hi_text)
+    above = value >= lo if interval[0] == "[" else value > lo
+    below = value <= hi if interval[-1] == "]" else value < hi
+    return above and below
+
+
+def validate(config: PPOConfig) -> None:
+    """Raise ConfigError (one line, naming the field and its range) for a value the
+    trainer cannot run with. Checks that need the environment (batch size vs.
+    minibatches, steps vs. one iteration) are the Trainer's."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        interval = RANGES.get(f.name)
+        if interval is None or value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue  # a type error; config_from_dict reports those
+            if not math.isfinite(v) or not _in_range(v, interval):
+                what = "each width of hidden_sizes" if f.name == "hidden_sizes" else f.name
+                raise ConfigError(f"{what} must be in {interval}, got {v!r}")
+    lo, hi = getattr(config, "radius_min_scale", 1), getattr(config, "radius_max_scale", 1)
+    if lo > hi:
+        raise ConfigError(f"radius_min_scale ({lo}) must not exceed radius_max_scale ({hi})")
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -223,6 +295,7 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         loaded.pop("algo", None)
+        loaded.pop("env_spec", None)  # the env to build (the CLI reads it), not a field
         values.update(loaded)
     env = dict(values.pop("env", None) or {})
     for text in overrides:

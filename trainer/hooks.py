@@ -7,7 +7,7 @@ The trainer calls, in order::
     on_evaluation(trainer, iteration, metrics)         # after each evaluation
     on_end(trainer, metrics)                           # once, with the last metrics
 
-``metrics`` maps stable keys (``losses/approx_kl``, ``charts/episodic_return``...) to
+``metrics`` maps stable keys (``losses/approx_kl``, ``charts/return``...) to
 floats. A hook may call ``trainer.request_stop()``. Hooks are the trainer's only link
 to storage: a store hook snapshots ``trainer.state_dict()`` in ``on_iteration_end``.
 """
@@ -101,7 +101,7 @@ class TensorBoardLogger(Hook):
 class ProgressHook(Hook):
     """A tqdm bar over agent-steps plus a metric line every ``every`` iterations."""
 
-    KEYS = ("charts/episodic_return", "losses/approx_kl", "losses/clipfrac",
+    KEYS = ("charts/return", "losses/approx_kl", "losses/clipfrac",
             "losses/value_loss", "charts/SPS")
 
     def __init__(self, every: int = 10, stream: IO[str] | None = None,

@@ -25,13 +25,35 @@ import torch
 from trainer.agent import Agent, layer_params
 from trainer.algos import make_algo
 from trainer.algos.ppo import RolloutBuffer
-from trainer.config import PPOConfig, config_to_dict
+from trainer.config import ConfigError, PPOConfig, config_to_dict
 from trainer.devices import Precision, manual_seed_all, rng_state, set_rng_state
 from trainer.distributed import DistContext
 from trainer.envs.base import VecEnv, state_dict_of
 from trainer.hooks import Hook
 
 STATE_VERSION = 1
+RETURN_METRIC = "charts/return"
+"""The return shown everywhere: console line, commit message, best tag, run summary."""
+RETURN_EPISODES = 10
+"""`charts/return` averages at least this many recent episodes (whole batches of num_envs)."""
+
+
+def check_batch(config: PPOConfig, slots: int, world_size: int = 1) -> None:
+    """The checks of ``config`` that need the env's slot count: one-line ConfigErrors."""
+    batch = config.num_steps * slots
+    if batch % config.num_minibatches:
+        divisors = [d for d in range(1, min(batch, 4096) + 1) if batch % d == 0]
+        near = min(divisors, key=lambda d: abs(d - config.num_minibatches))
+        raise ConfigError(f"num_minibatches {config.num_minibatches} does not divide the "
+                          f"rollout of {batch} samples (num_steps {config.num_steps} x "
+                          f"{slots} env slots); use a divisor, e.g. num_minibatches={near}")
+    per_iteration = batch * world_size
+    if config.total_steps < per_iteration:
+        raise ConfigError(f"total_steps {config.total_steps} is less than one iteration "
+                          f"({per_iteration} agent-steps: num_steps {config.num_steps} x "
+                          f"{slots} env slots" + (f" x {world_size} ranks" if world_size > 1
+                                                  else "")
+                          + f"); use --steps {per_iteration} or more, or lower num_steps")
 
 
 class Trainer:
@@ -47,8 +69,10 @@ class Trainer:
         hooks: Iterable[Hook] = (),
         eval_env: VecEnv | None = None,
         dist: DistContext | None = None,
+        env_spec: str | None = None,
     ) -> None:
         self.env = env
+        self.env_spec = env_spec  # the `--env` value, stored with snapshots (None: unknown)
         self.eval_env = eval_env
         self.config = config
         self.device = torch.device(device)
@@ -70,10 +94,15 @@ class Trainer:
                                              self.device)
 
         self.steps_per_iteration = config.num_steps * env.num_envs * self.dist.world_size
-        self.num_iterations = max(1, config.total_steps // self.steps_per_iteration)
+        check_batch(config, env.num_envs, self.dist.world_size)
+        self.num_iterations = config.total_steps // self.steps_per_iteration
+        # `charts/return`, the one return figure (console, commit message, best tag): the
+        # mean of the last RETURN_EPISODES finished episodes, in whole batches of
+        # num_envs (the warehouse's worlds finish their episodes together)
+        self.return_window = config.num_envs * -(-RETURN_EPISODES // config.num_envs)
         self.iteration = 0
         self.global_step = 0
-        self.episode_returns: deque[float] = deque(maxlen=100)
+        self.episode_returns: deque[float] = deque(maxlen=max(100, self.return_window))
         self.last_metrics: dict[str, float] = {}
         self._frozen: set[str] = set()
         self._stop = False
@@ -131,7 +160,8 @@ class Trainer:
     # ------------------------------------------------------------------- loop
     def train(self, iterations: int | None = None) -> dict[str, float]:
         """Run until ``num_iterations`` (or ``iterations`` more); returns the last metrics."""
-        stop_at = self.num_iterations if iterations is None else self.iteration + iterations
+        stop_at = self.num_iterations if iterations is None else \
+            min(self.num_iterations, self.iteration + iterations)
         self._stop = False
         self._emit("on_start")
         cfg = self.config
@@ -200,7 +230,9 @@ class Trainer:
                 if key not in ("return", "length"):
                     metrics[f"env/{key}"] = float(np.mean([ep[key] for ep in episodes]))
         if self.episode_returns:
-            metrics["charts/return_last100"] = float(np.mean(self.episode_returns))
+            recent = list(self.episode_returns)[-self.return_window:]
+            metrics[RETURN_METRIC] = float(np.mean(recent))
+            metrics["charts/return_last100"] = float(np.mean(list(self.episode_returns)[-100:]))
         self.last_metrics = metrics
         return metrics
 
@@ -265,7 +297,9 @@ class Trainer:
             "frozen_layers": sorted(self._frozen),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], restore_env: bool = True) -> None:
+        """Restore a ``state_dict()``. ``restore_env=False`` (the env's settings changed,
+        e.g. ``num_envs``) starts fresh episodes instead of restoring the env's state."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported trainer state version {state.get('version')!r}")
         self.iteration = int(state["iteration"])
@@ -275,14 +309,21 @@ class Trainer:
         self.unfreeze_layers()
         self.freeze_layers(state["frozen_layers"])
         self.algo.load_state_dict(state["algo"])
+        for group in self.optimizer.param_groups:
+            # the config may have changed on resume (`--from REV --set ...`): its values win
+            # over those saved with the optimizer (annealing sets lr at every update)
+            group["eps"] = self.config.adam_eps
+            if not self.config.anneal_lr:
+                group["lr"] = self.config.learning_rate
         self.action_generator.set_state(state["rng"]["action"].cpu())
         self.update_generator.set_state(state["rng"]["update"].cpu())
         set_rng_state(state["rng"]["global"])
-        if state["env"] is not None and hasattr(self.env, "load_state_dict"):
+        if restore_env and state["env"] is not None and hasattr(self.env, "load_state_dict"):
             self.env.load_state_dict(state["env"])
             self.next_obs = state["next_obs"].to(self.device).clone()
         else:
             # not snapshottable: start fresh episodes, seeded by the iteration
             self.next_obs = self.env.reset(seed=self.config.seed + 7919 * self.dist.rank
                                            + 1_000_003 * self.iteration)
-        self.episode_returns = deque(state["episode_returns"], maxlen=100)
+        self.episode_returns = deque(state["episode_returns"],
+                                     maxlen=max(100, self.return_window))

@@ -38,3 +38,164 @@ def test_unknown_env_option_is_a_short_error():
     result = CliRunner().invoke(train, ["--set", "env.speed=3", "--device", "cpu"])
     assert result.exit_code == 1
     assert result.output.startswith("Error: unknown warehouse option(s) ['speed']")
+
+
+# ------------------------------------------------ every error path: one line, no traceback
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
+        "--set", "num_minibatches=2", "--set", "update_epochs=1", "--set", "env.num_agents=4",
+        "--set", "env.max_steps=8", "--no-progress", "--device", "cpu"]
+
+
+def run_trainer(args, cwd, **kw):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    env.pop("VRL_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_python_m_trainer_help(tmp_path):
+    result = run_trainer(["-h"], tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("Usage: python -m trainer")
+    assert "--from" in result.stdout
+
+
+ERRORS = [  # (args, files to write, what the one line says, also run as a real process)
+    (["--env", "gym:NoSuchEnv-v9"], {}, "cannot create env 'gym:NoSuchEnv-v9'", True),
+    (["--set", "num_envs=0"], {}, "num_envs must be in [1, inf), got 0", False),
+    (["--config", "bad.yaml"], {"bad.yaml": "learning_rate: [3e-4\n"}, "bad.yaml: not valid",
+     True),
+    (["--config", "list.yaml"], {"list.yaml": "- 1\n"}, "expected a mapping", False),
+    (["--store"], {}, "--store needs a vrl repository", True),
+    (["--from", "main"], {}, "--from needs a vrl repository", False),
+    (["--steps", "0"], {}, "--steps must be a positive number of agent-steps, got 0", True),
+    (["--steps", "-5"], {}, "--steps must be a positive number of agent-steps, got -5", False),
+    (["--steps", "100"], {}, "total_steps 100 is less than one iteration (128 agent-steps",
+     False),
+    (["--set", "num_minibatches=3"], {}, "num_minibatches 3 does not divide the rollout of "
+                                         "128 samples", False),
+    (["--set", "env.num_agents=x"], {}, "cannot create env 'warehouse'", False),
+    (["--device", "tpu"], {}, "unknown device 'tpu'", False),
+    (["--iterations", "0"], {}, "--iterations must be at least 1", False),
+]
+
+
+def _error_args(args):
+    return [*TINY, *args] if {"--store", "--from"} & set(args) else [*TINY, "--no-store", *args]
+
+
+@pytest.mark.parametrize("args,files,expected,_", ERRORS)
+def test_error_paths_are_one_line(tmp_path, monkeypatch, args, files, expected, _):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VRL_DEBUG", raising=False)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = CliRunner().invoke(train, _error_args(args), prog_name="python -m trainer")
+    lines = result.output.strip().splitlines()
+    assert isinstance(result.exception, SystemExit), result.exception  # not a crash
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: ") and expected in lines[0], result.output
+
+
+@pytest.mark.parametrize("args,files,expected", [e[:3] for e in ERRORS if e[3]])
+def test_error_paths_are_one_line_in_a_real_process(tmp_path, args, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = run_trainer(_error_args(args), tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_config_file_numbers_are_yaml_1_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("learning_rate: 3e-4\nalgo: ppo\n")
+    result = CliRunner().invoke(train, [*TINY, "--no-store", "--config", "c.yaml",
+                                        "--steps", "128", "--out", "out"])
+    assert result.exit_code == 0, result.output
+    assert "learning_rate: 0.0003" in (tmp_path / "out" / "config.yaml").read_text()
+
+
+def _wait_for_branch(path, name, proc, timeout=120):
+    from vrl import Repo
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if name in Repo(path).branches():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no commit on {name} in {timeout} s")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_prints_the_command_that_resumes(tmp_path, sig, code):
+    from vrl import Repo
+
+    Repo.init(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *TINY, "--steps", "10000000",
+                             "--branch", "run", "--snapshot-every", "2"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_branch(tmp_path, "run", proc)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    hint = [line for line in err.splitlines() if "resume with:" in line]
+    assert hint, err
+    command = hint[0].split("resume with: ")[1]
+    assert command.startswith("python -m trainer --from run")
+    assert "--snapshot-every 2" in command and "--device cpu" in command
+    repo = Repo(tmp_path)
+    tip = repo.read_commit(repo.resolve("run")).meta["iteration"]
+    assert f"last snapshot {repo.resolve('run')[:12]} is committed on branch run" in err
+    if sig == signal.SIGTERM:
+        return
+    # the printed command continues the branch (here for one iteration more)
+    words = command.split()[3:] + ["--iterations", "1"]
+    result = run_trainer(words, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert repo.read_commit(repo.resolve("run")).meta["iteration"] == tip + 1
+    assert repo.resolve("run~1") == repo.log("run")[1].id
+
+
+def test_out_config_yaml_is_a_valid_config_file(tmp_path, monkeypatch):
+    """--out writes config.yaml (with algo and env_spec); --config reads it back as is."""
+    monkeypatch.chdir(tmp_path)
+    first = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "128", "--algo",
+                                       "gspo", "--set", "learning_rate=3e-4", "--out", "a"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(train, ["--no-progress", "--device", "cpu", "--no-store",
+                                       "--config", "a/config.yaml", "--out", "b"])
+    assert again.exit_code == 0, again.output
+    text = (tmp_path / "a" / "config.yaml").read_text()
+    assert "env_spec: warehouse" in text and "algo: gspo" in text
+    assert (tmp_path / "b" / "config.yaml").read_text() == text
+
+
+def test_eval_gif_without_pillow_says_how_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    from trainer import eval as trainer_eval
+    from trainer.cli import eval_command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(trainer_eval.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "PIL" else real(name, *a))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(eval_command, ["HEAD", "--gif", "x.gif"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: --gif needs pillow: pip install 'vrl[plots]'"

@@ -1,6 +1,9 @@
+import dataclasses
+
 import pytest
 
 from trainer.config import (
+    RANGES,
     ConfigError,
     GSPOConfig,
     PPOConfig,
@@ -95,3 +98,73 @@ def test_broken_config_file_is_a_config_error(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ConfigError, match="c.yaml"):
         load_config("ppo", path)
+
+
+def _numeric_fields(cls):
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        args = set(typing.get_args(tp)) | {tp}
+        if args & {int, float, list[int]}:
+            out.append(f.name)
+    return out
+
+
+def test_every_numeric_field_has_a_range():
+    for cls in (PPOConfig, GSPOConfig):
+        missing = [n for n in _numeric_fields(cls) if n not in RANGES]
+        assert not missing, f"{cls.__name__}: no range for {missing}"
+    assert set(RANGES) <= {f.name for f in dataclasses.fields(GSPOConfig)}
+
+
+@pytest.mark.parametrize("override,message", [
+    ("num_envs=0", "num_envs must be in [1, inf), got 0"),
+    ("num_steps=-1", "num_steps must be in [1, inf)"),
+    ("total_steps=0", "total_steps must be in [1, inf)"),
+    ("learning_rate=0", "learning_rate must be in (0, inf), got 0.0"),
+    ("learning_rate=.nan", "learning_rate must be in (0, inf), got nan"),
+    ("gamma=0", "gamma must be in (0, 1]"),
+    ("gamma=1.01", "gamma must be in (0, 1]"),
+    ("gae_lambda=-0.1", "gae_lambda must be in [0, 1]"),
+    ("num_minibatches=0", "num_minibatches must be in [1, inf)"),
+    ("update_epochs=0", "update_epochs must be in [1, inf)"),
+    ("clip_coef=0", "clip_coef must be in (0, inf)"),
+    ("ent_coef=-1", "ent_coef must be in [0, inf)"),
+    ("max_grad_norm=0", "max_grad_norm must be in (0, inf)"),
+    ("target_kl=0", "target_kl must be in (0, inf)"),
+    ("hidden_sizes=[64, 0]", "each width of hidden_sizes must be in [1, inf), got 0"),
+    ("adam_eps=0", "adam_eps must be in (0, inf)"),
+    ("eval_interval=-1", "eval_interval must be in [0, inf)"),
+    ("eval_episodes=0", "eval_episodes must be in [1, inf)"),
+    ("seed=-1", "seed must be in [0, 4294967295]"),
+    ("epsilon_decay=1.5", "epsilon_decay must be in (0, 1]"),
+    ("shaper_beta=1", "shaper_beta must be in [0, 1)"),
+    ("hessian_interval=0", "hessian_interval must be in [1, inf)"),
+    ("replay_beta0=2", "replay_beta0 must be in [0, 1]"),
+    ("radius_min_scale=3", "radius_min_scale (3.0) must not exceed radius_max_scale (2.0)"),
+])
+def test_out_of_range_values_are_one_line_config_errors(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("gspo", None, [override])
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_range_bounds_are_inclusive_where_they_say_so():
+    cfg = load_config("gspo", None, ["gamma=1", "gae_lambda=0", "ent_coef=0", "seed=0",
+                                     "eval_interval=0", "epsilon_min=0", "target_kl=null",
+                                     "hidden_sizes=[]"])
+    assert cfg.gamma == 1.0 and cfg.hidden_sizes == []
+
+
+def test_configs_built_directly_are_checked_too():
+    with pytest.raises(ConfigError, match="num_envs"):
+        PPOConfig(num_envs=0)
+
+
+def test_config_error_is_a_vrl_error_and_a_value_error():
+    from vrl.errors import VrlError
+
+    assert issubclass(ConfigError, VrlError) and issubclass(ConfigError, ValueError)

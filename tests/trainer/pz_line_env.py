@@ -13,6 +13,7 @@ from pettingzoo import ParallelEnv
 
 class LineEnv(ParallelEnv):
     metadata = {"name": "line_v0"}
+    render_mode = None
 
     def __init__(self, length: int = 5, max_steps: int = 6, speeds=(1, 0), mask=None,
                  action_sizes=None, continuous=False):
@@ -69,3 +70,10 @@ class LineEnv(ParallelEnv):
 
 def make(**kw):
     return LineEnv(**kw)
+
+
+def make_aec(**kw):
+    """The same env behind PettingZoo's AEC interface (which the adapter refuses)."""
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    return parallel_to_aec(LineEnv(**kw))

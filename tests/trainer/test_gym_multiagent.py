@@ -218,6 +218,8 @@ def test_vrl_train_with_a_gym_module_spec(tmp_path):
      "agents have different action spaces (agent 0: Discrete(5), agent 1: Discrete(3))"),
     ("gym:ma_gym_env:SequenceObs-v0", "unsupported observation space Sequence(Discrete(3)"),
     ("gym:no_such_module:X-v0", "cannot import module 'no_such_module'"),
+    ("gym:needs_missing_dep:X-v0", "cannot import 'needs_missing_dep': it needs "
+                                   "'vrl_test_no_such_dependency', which is not installed"),
     ("gym:NoSuchEnv-v0", "use gym:MODULE:ID to import the module that registers it"),
     ("gym:", "unknown env 'gym:'"),
 ])

@@ -76,10 +76,12 @@ def test_every_agents_spaces_are_checked(kwargs, message):
 def test_bad_pettingzoo_specs_are_one_line_errors():
     from trainer.envs import EnvSpecError
 
-    with pytest.raises(EnvSpecError, match="cannot import 'no_such_mod'"):
+    with pytest.raises(EnvSpecError, match="cannot import module 'no_such_mod'"):
         make_env("pettingzoo:no_such_mod:make", 1)
     with pytest.raises(EnvSpecError, match="module 'pz_line_env' has no 'nope'"):
         make_env("pettingzoo:pz_line_env:nope", 1)
+    with pytest.raises(EnvSpecError, match="is not a PettingZoo ParallelEnv"):
+        make_env("pettingzoo:pz_line_env:make_aec", 1)
 
 
 def _spy_update_inputs(trainer):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from trainer.envs.base import VecEnv
-from trainer.envs.spaces import EnvSpecError
+from trainer.envs.spaces import EnvSpecError, import_error_hint
 
 __all__ = ["EnvSpecError", "VecEnv", "make_env"]
 
@@ -40,9 +40,7 @@ def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", se
         try:
             fn = getattr(importlib.import_module(module), factory)
         except ImportError as exc:
-            hint = ("pip install 'vrl[pettingzoo]'" if getattr(exc, "name", "") == "pettingzoo"
-                    else "it must be importable from the current directory or PYTHONPATH")
-            raise EnvSpecError(f"{spec}: cannot import {module!r} ({exc}); {hint}") from None
+            raise EnvSpecError(f"{spec}: {import_error_hint(module, exc)}") from None
         except AttributeError:
             raise EnvSpecError(f"{spec}: module {module!r} has no {factory!r}") from None
 

@@ -28,7 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.envs.spaces import EnvSpecError, ObsFlattener, discrete_actions
+from trainer.envs.spaces import (
+    EnvSpecError,
+    ObsFlattener,
+    discrete_actions,
+    import_error_hint,
+)
 
 
 def _import_gym():
@@ -49,8 +54,7 @@ def make_gym(spec: str, **env_kwargs: Any):
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise EnvSpecError(f"gym:{spec}: cannot import module {module!r} ({exc}); "
-                               "it must be importable and register the env id") from None
+            raise EnvSpecError(f"gym:{spec}: {import_error_hint(module, exc)}") from None
     try:
         return gym.make(env_id, **env_kwargs)
     except gym.error.Error as exc:
@@ -69,9 +73,7 @@ def _per_agent(value: Any, num_agents: int, dtype: Any, what: str, who: str) -> 
     except (TypeError, ValueError):
         raise EnvSpecError(f"{who}: step returned {what} {value!r}; expected a number or one "
                            f"per agent") from None
-    if array.size == 1:
-        return np.broadcast_to(array, (num_agents,))
-    if array.size != num_agents:
+    if array.size != num_agents and array.size != 1:  # one value: shared (broadcasts)
         raise EnvSpecError(f"{who}: step returned {array.size} {what} values for "
                            f"{num_agents} agents; expected one, or one per agent")
     return array
@@ -156,9 +158,10 @@ class GymVecEnv:
         return list(obs)
 
     def _set_obs(self, e: int, obs: Any, info: Any) -> None:
-        """Flatten copy ``e``'s observation (and its action masks) into the row buffers."""
-        self._obs[e] = 0.0
-        self._mask[e] = True
+        """Flatten copy ``e``'s observation (and its action masks) into the row buffers;
+        the zero padding of smaller observations is never written."""
+        if self._has_mask:
+            self._mask[e] = True
         for j, (flatten, agent_obs) in enumerate(zip(self._flatten, self._agent_obs(obs),
                                                       strict=True)):
             flat, mask = flatten(agent_obs)
@@ -208,23 +211,32 @@ class GymVecEnv:
         for e, env in enumerate(self.envs):
             action = tuple(int(a) for a in acts[e]) if self.multi_agent else int(acts[e, 0])
             obs, rew, term, trunc, info = env.step(action)
-            rew = _per_agent(rew, A, np.float64, "reward", self._who)
-            term = _per_agent(term, A, bool, "terminated", self._who)
-            trunc = _per_agent(trunc, A, bool, "truncated", self._who)
-            live = self._alive[e]
-            reward[e] = np.where(live, rew, 0.0)
-            terminated[e] = ~live | term
-            truncated[e] = live & trunc & ~term
-            ended = live & (term | trunc)
-            self._returns[e] += reward[e]
             self._lengths[e] += 1
+            if self.multi_agent:
+                rew = _per_agent(rew, A, np.float64, "reward", self._who)
+                term = _per_agent(term, A, bool, "terminated", self._who)
+                trunc = _per_agent(trunc, A, bool, "truncated", self._who)
+                live = self._alive[e]
+                reward[e] = np.where(live, rew, 0.0)
+                terminated[e] = ~live | term
+                truncated[e] = live & trunc & ~term
+                ended = live & (term | trunc)
+                self._alive[e] = live & ~ended
+                any_ended, over = bool(ended.any()), not self._alive[e].any()
+            else:  # the hot path of classic single-agent envs: plain scalars
+                if not isinstance(rew, (int, float, np.number)):
+                    rew = _per_agent(rew, 1, np.float64, "reward", self._who)[0]
+                reward[e, 0] = rew
+                terminated[e, 0] = term = bool(term)
+                truncated[e, 0] = bool(trunc) and not term
+                over = any_ended = term or bool(trunc)
+            self._returns[e] += reward[e]
             self._set_obs(e, obs, info)
-            if ended.any():
+            if any_ended:
                 if final is None:
                     final = np.zeros_like(self._obs)
                 final[e] = self._obs[e]
-            self._alive[e] = live & ~ended
-            if not self._alive[e].any():
+            if over:
                 episode = {"return": float(self._returns[e].mean()),
                            "length": float(self._lengths[e])}
                 if self.multi_agent:

@@ -31,9 +31,13 @@ class PettingZooVecEnv:
         self.device = torch.device(device)
         first = self.worlds[0]
         who = name
-        if hasattr(first, "agent_selection") or not hasattr(first, "possible_agents"):
-            raise EnvSpecError(f"{who}: not a PettingZoo ParallelEnv (an AEC env? use the "
-                               "module's parallel_env factory)")
+        try:
+            from pettingzoo import AECEnv
+        except ImportError:
+            AECEnv = ()  # noqa: N806 - duck-typed envs work without pettingzoo itself
+        if isinstance(first, AECEnv) or not hasattr(first, "possible_agents"):
+            raise EnvSpecError(f"{who}: {type(first).__name__} is not a PettingZoo "
+                               "ParallelEnv (an AEC env? use the module's parallel_env)")
         self.agents = list(first.possible_agents)
         if not self.agents:
             raise EnvSpecError(f"{who}: possible_agents is empty")

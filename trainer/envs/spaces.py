@@ -86,3 +86,15 @@ def discrete_actions(action_spaces: Sequence[Any], names: Sequence[str], who: st
                            "shared policy needs the same number of actions for every agent")
     return sizes[0], [int(space.start) for space in action_spaces]
 
+
+
+def import_error_hint(module: str, exc: ImportError) -> str:
+    """Why ``module`` did not import, and what to do, in one line."""
+    missing = getattr(exc, "name", None) or ""
+    if missing == "pettingzoo" or missing == "gymnasium":
+        return f"cannot import {module!r}: {missing} is not installed (pip install 'vrl[gym]' " \
+               "or 'vrl[pettingzoo]')"
+    if missing and not (module == missing or module.startswith(missing + ".")):
+        return f"cannot import {module!r}: it needs {missing!r}, which is not installed"
+    return (f"cannot import module {module!r} ({exc}); it must be importable from the "
+            "current directory or PYTHONPATH")

@@ -24,6 +24,9 @@ class MALineEnv(gym.Env):
         self.speeds = list(speeds or [1] * num_agents)
         if obs == "box":
             agent = spaces.Box(0, 1, (length,), np.float32)
+        elif obs == "growing":  # agent j sees j extra ones: observation sizes differ
+            agent = None
+            per_agent = [spaces.Box(0, 1, (length + j,), np.float32) for j in range(num_agents)]
         elif obs == "nested":  # Discrete position + a nested Tuple of MultiBinary/MultiDiscrete
             agent = spaces.Dict({"pos": spaces.Discrete(length),
                                  "extra": spaces.Tuple((spaces.MultiBinary(2),
@@ -32,7 +35,7 @@ class MALineEnv(gym.Env):
             raise ValueError(obs)
         if mask == "obs":
             agent = spaces.Dict({"observation": agent, "action_mask": spaces.MultiBinary(4)})
-        self.observation_space = spaces.Tuple([agent] * num_agents)
+        self.observation_space = spaces.Tuple(per_agent if agent is None else [agent] * num_agents)
         self.action_space = spaces.Tuple([spaces.Discrete(4)] * num_agents)
 
     def legal(self, j):
@@ -44,9 +47,11 @@ class MALineEnv(gym.Env):
         return m
 
     def _agent_obs(self, j):
-        if self.obs_kind == "box":
+        if self.obs_kind in ("box", "growing"):
             o = np.zeros(self.length, np.float32)
             o[self.pos[j]] = 1
+            if self.obs_kind == "growing":
+                o = np.concatenate([o, np.ones(j, np.float32)])
         else:
             o = {"pos": int(self.pos[j]),
                  "extra": (np.array([1, 0], np.int8), np.array([1, 2], np.int64))}

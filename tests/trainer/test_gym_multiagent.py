@@ -96,6 +96,14 @@ def test_nested_dict_observations_are_flattened():
     assert obs[0, 7:].tolist() == [1, 0, 0, 0, 0]  # reset after arriving
 
 
+def test_smaller_observations_are_zero_padded():
+    env = make_env(SPEC, 1, env_kwargs={"obs": "growing", "num_agents": 3})
+    obs = env.reset(seed=0)
+    assert env.obs_dim == 7
+    assert obs.tolist() == [[1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 1, 0],
+                            [1, 0, 0, 0, 0, 1, 1]]
+
+
 @pytest.mark.parametrize("mask", ["obs", "info"])
 def test_action_masks_from_dict_observation_or_info(mask):
     env = make_env(SPEC, 1, env_kwargs={"mask": mask})

@@ -46,9 +46,16 @@ class Agent(nn.Module):
         x: torch.Tensor,
         action: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        action_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns ``action, logprob, entropy, value, logits`` (float32 outside autocast)."""
+        """Returns ``action, logprob, entropy, value, logits`` (float32 outside autocast).
+
+        ``action_mask`` (bool, True = legal) gives illegal actions probability 0."""
         logits = self.actor(x).float()
+        if action_mask is not None:
+            # the most negative finite number, not -inf: exp() is exactly 0 and
+            # 0 * log_prob stays 0 in the entropy instead of NaN
+            logits = logits.masked_fill(~action_mask, torch.finfo(logits.dtype).min)
         log_probs = torch.log_softmax(logits, dim=-1)
         if action is None:
             action = sample_categorical(logits, generator)

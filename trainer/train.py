@@ -28,7 +28,7 @@ from trainer.algos.ppo import RolloutBuffer
 from trainer.config import ConfigError, PPOConfig, config_to_dict
 from trainer.devices import Precision, manual_seed_all, rng_state, set_rng_state
 from trainer.distributed import DistContext
-from trainer.envs.base import VecEnv, state_dict_of
+from trainer.envs.base import VecEnv, action_mask_of, alive_of, state_dict_of
 from trainer.hooks import Hook
 
 STATE_VERSION = 1
@@ -90,9 +90,6 @@ class Trainer:
         self.update_generator.manual_seed(rank_seed + 1)
         self.algo = make_algo(self.agent, config, self.precision, self.dist,
                               self.update_generator)
-        self.buffer = RolloutBuffer.allocate(config.num_steps, env.num_envs, env.obs_dim,
-                                             self.device)
-
         self.steps_per_iteration = config.num_steps * env.num_envs * self.dist.world_size
         check_batch(config, env.num_envs, self.dist.world_size)
         self.num_iterations = config.total_steps // self.steps_per_iteration
@@ -106,7 +103,11 @@ class Trainer:
         self.last_metrics: dict[str, float] = {}
         self._frozen: set[str] = set()
         self._stop = False
+        self._planned_steps: int | None = None  # set once rows of finished agents appear
         self.next_obs = env.reset(seed=rank_seed)
+        masked = action_mask_of(env) is not None
+        self.buffer = RolloutBuffer.allocate(config.num_steps, env.num_envs, env.obs_dim,
+                                             self.device, env.num_actions if masked else None)
 
     # ---------------------------------------------------------------- access
     @property
@@ -160,12 +161,15 @@ class Trainer:
     # ------------------------------------------------------------------- loop
     def train(self, iterations: int | None = None) -> dict[str, float]:
         """Run until ``num_iterations`` (or ``iterations`` more); returns the last metrics."""
-        stop_at = self.num_iterations if iterations is None else \
-            min(self.num_iterations, self.iteration + iterations)
+        stop_at = None if iterations is None else self.iteration + iterations
         self._stop = False
+        self._planned_steps = None
         self._emit("on_start")
         cfg = self.config
-        while self.iteration < stop_at and not self._stop:
+        # num_iterations is re-read: envs with finished agents extend it (run_iteration)
+        while (self.iteration < (self.num_iterations if stop_at is None
+                                 else min(self.num_iterations, stop_at))
+               and not self._stop):
             metrics = self.run_iteration()
             self._emit("on_iteration_end", self.iteration, metrics)
             if (cfg.eval_interval and self.eval_env is not None
@@ -183,9 +187,14 @@ class Trainer:
         next_obs = self.next_obs
         for step in range(cfg.num_steps):
             buf.obs[step] = next_obs
+            alive, mask = alive_of(env), action_mask_of(env)
+            buf.alive[step] = True if alive is None else alive.to(self.device)
+            if mask is not None:
+                mask = mask.to(self.device)
+                buf.action_masks[step] = mask
             with self.precision.autocast():
                 action, logprob, _, value, _ = self.agent.get_action_and_value(
-                    next_obs, generator=self.action_generator)
+                    next_obs, generator=self.action_generator, action_mask=mask)
             buf.values[step] = value
             buf.actions[step] = action
             buf.logprobs[step] = logprob
@@ -208,7 +217,8 @@ class Trainer:
         self.iteration += 1
         t0 = time.perf_counter()
         episodes = self.collect_rollout()
-        self.global_step += self.steps_per_iteration
+        steps = self._count_steps()
+        self.global_step += steps
         t1 = time.perf_counter()
         with torch.no_grad(), self.precision.autocast():
             next_value = self.agent.get_value(self.next_obs)
@@ -217,7 +227,7 @@ class Trainer:
         t2 = time.perf_counter()
 
         metrics["charts/global_step"] = float(self.global_step)
-        metrics["charts/SPS"] = self.steps_per_iteration / (t2 - t0)
+        metrics["charts/SPS"] = steps / (t2 - t0)
         metrics["perf/rollout_s"] = t1 - t0
         metrics["perf/update_s"] = t2 - t1
         metrics["charts/frozen_layers"] = float(len(self._frozen))
@@ -236,6 +246,25 @@ class Trainer:
         self.last_metrics = metrics
         return metrics
 
+    def _count_steps(self) -> int:
+        """Agent-steps of the rollout just collected, over all ranks: rows of agents that
+        had finished are not steps. Once there were such rows, ``num_iterations`` is
+        re-estimated from the steps per iteration so far, so that the run still ends
+        after the agent-steps it planned (``num_iterations * steps_per_iteration``)."""
+        if alive_of(self.env) is None:
+            return self.steps_per_iteration
+        count = self.buffer.alive.sum().float().reshape(1)
+        self.dist.all_reduce_mean([count])  # the same on every rank, so are the iterations
+        steps = round(float(count) * self.dist.world_size)
+        if steps < self.steps_per_iteration and self._planned_steps is None:
+            self._planned_steps = self.num_iterations * self.steps_per_iteration
+        if self._planned_steps is not None:
+            done = self.global_step + steps
+            per_iteration = max(1.0, done / self.iteration)
+            self.num_iterations = max(self.iteration, self.iteration
+                                      + int((self._planned_steps - done) // per_iteration))
+        return steps
+
     @torch.no_grad()
     def evaluate(self, num_episodes: int | None = None, max_steps: int = 100_000
                  ) -> dict[str, float]:
@@ -251,7 +280,8 @@ class Trainer:
         episodes: list[dict[str, float]] = []
         for _ in range(max_steps):
             with self.precision.autocast():
-                action, *_ = self.agent.get_action_and_value(obs, generator=gen)
+                action, *_ = self.agent.get_action_and_value(obs, generator=gen,
+                                                             action_mask=action_mask_of(env))
             obs, _, _, _, info = env.step(action)
             episodes.extend(info.get("episodes", ()))
             if len(episodes) >= num_episodes:

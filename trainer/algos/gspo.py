@@ -103,7 +103,7 @@ class GSPO(PPO):
         if self.sampler is None:
             yield from super().minibatches(batch_size, progress)
             return
-        mb_size = batch_size // self.config.num_minibatches
+        mb_size = max(1, batch_size // self.config.num_minibatches)
         idx, weights = self.sampler.sample(mb_size * self.config.num_minibatches,
                                            self.replay_beta)
         # Adam is nearly invariant to the overall weight scale; the spread is what matters

@@ -25,6 +25,9 @@ class RolloutBuffer:
 
     ``dones[t]`` is True when the episode ended with the transition taken at ``t``;
     a truncated step's reward already includes ``gamma * V(final_obs)``.
+    ``alive[t]`` is False for rows whose agent had already finished (multi-agent envs):
+    those samples are left out of the update. ``action_masks`` (legal actions) exists
+    only for envs that mask actions.
     """
 
     obs: torch.Tensor
@@ -33,17 +36,23 @@ class RolloutBuffer:
     rewards: torch.Tensor
     dones: torch.Tensor
     values: torch.Tensor
+    alive: torch.Tensor
+    action_masks: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, num_steps: int, num_envs: int, obs_dim: int,
-                 device: torch.device) -> RolloutBuffer:
+                 device: torch.device, num_actions: int | None = None) -> RolloutBuffer:
+        """``num_actions`` given: with ``action_masks``."""
         def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return cls(obs=zeros(num_steps, num_envs, obs_dim),
                    actions=zeros(num_steps, num_envs, dtype=torch.long),
                    logprobs=zeros(num_steps, num_envs), rewards=zeros(num_steps, num_envs),
-                   dones=zeros(num_steps, num_envs), values=zeros(num_steps, num_envs))
+                   dones=zeros(num_steps, num_envs), values=zeros(num_steps, num_envs),
+                   alive=torch.ones(num_steps, num_envs, dtype=torch.bool, device=device),
+                   action_masks=(None if num_actions is None else torch.ones(
+                       num_steps, num_envs, num_actions, dtype=torch.bool, device=device)))
 
 
 def compute_gae(
@@ -160,13 +169,15 @@ class PPO:
     def minibatches(self, batch_size: int, progress: float
                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         """One epoch of ``(indices, importance_weights)``: a random permutation."""
-        mb_size = batch_size // self.config.num_minibatches
+        mb_size = max(1, batch_size // self.config.num_minibatches)
         device = self.agent_device
         gen = self.generator
         perm = torch.randperm(batch_size, generator=gen,
                               device=gen.device if gen is not None else device).to(device)
-        for start in range(0, batch_size - mb_size + 1, mb_size):
-            yield perm[start:start + mb_size], None
+        # exactly num_minibatches steps, even when the batch does not divide evenly (the
+        # alive samples of a multi-agent rollout), so every rank takes as many steps
+        for k in range(min(self.config.num_minibatches, batch_size)):
+            yield perm[k * mb_size:(k + 1) * mb_size], None
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -231,6 +242,16 @@ class PPO:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
         b_values = buf.values.reshape(-1)
+        b_masks = (None if buf.action_masks is None
+                   else buf.action_masks.reshape(-1, buf.action_masks.shape[-1]))
+        b_alive = buf.alive.reshape(-1)
+        if not bool(b_alive.all()):
+            # rows of agents that had finished are not samples: drop them before
+            # minibatching, so they reach no loss term, advantage normalisation or statistic
+            keep = b_alive.nonzero().squeeze(-1)
+            b_obs, b_logprobs, b_actions = b_obs[keep], b_logprobs[keep], b_actions[keep]
+            b_advantages, b_returns, b_values = b_advantages[keep], b_returns[keep], b_values[keep]
+            b_masks = None if b_masks is None else b_masks[keep]
         batch_size = b_obs.shape[0]
         self.prepare_update(batch_size, b_advantages, progress)
 
@@ -240,7 +261,8 @@ class PPO:
             for mb_inds, mb_weights in self.minibatches(batch_size, progress):
                 with self.precision.autocast():
                     _, newlogprob, entropy, newvalue, logits = self.agent.get_action_and_value(
-                        b_obs[mb_inds], b_actions[mb_inds])
+                        b_obs[mb_inds], b_actions[mb_inds],
+                        action_mask=None if b_masks is None else b_masks[mb_inds])
                 outputs = {"logits": logits, "value": newvalue}
                 if self.needs_output_grads:
                     for t in outputs.values():

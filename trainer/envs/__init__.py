@@ -1,6 +1,8 @@
 """Environments: the built-in warehouse and adapters for Gymnasium and PettingZoo.
 
-``make_env("warehouse" | "gym:CartPole-v1" | "pettingzoo:module:factory", ...)``
+``make_env(spec, ...)`` with ``spec`` one of ``warehouse``, ``gym:ID``, ``gym:MODULE:ID``
+(MODULE is imported first, so it can register ID) or ``pettingzoo:MODULE:FACTORY``
+(``FACTORY(**env_kwargs)`` returns a ParallelEnv).
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ from typing import Any
 import torch
 
 from trainer.envs.base import VecEnv
+from trainer.envs.spaces import EnvSpecError, import_error_hint
+
+__all__ = ["EnvSpecError", "VecEnv", "make_env"]
+
+SPECS = "warehouse, gym:ID, gym:MODULE:ID or pettingzoo:MODULE:FACTORY"
 
 
 def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0,
@@ -22,7 +29,7 @@ def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", se
 
         return WarehouseEnv(num_envs, device=device, seed=seed, **kwargs)
     kind, _, rest = spec.partition(":")
-    if kind == "gym" and rest:
+    if kind == "gym" and rest and not rest.endswith(":"):
         from trainer.envs.gym_adapter import GymVecEnv
 
         return GymVecEnv(rest, num_envs, device=device, **kwargs)
@@ -33,8 +40,16 @@ def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", se
         try:
             fn = getattr(importlib.import_module(module), factory)
         except ImportError as exc:
-            raise ImportError(f"cannot import {module!r}; PettingZoo envs need "
-                              "pip install 'vrl[pettingzoo]'") from exc
-        return PettingZooVecEnv(lambda: fn(**kwargs), num_envs, device=device)
-    raise ValueError(f"unknown env {spec!r}; use warehouse, gym:ID or "
-                     "pettingzoo:module:factory")
+            raise EnvSpecError(f"{spec}: {import_error_hint(module, exc)}") from None
+        except AttributeError:
+            raise EnvSpecError(f"{spec}: module {module!r} has no {factory!r}") from None
+
+        def factory_fn() -> Any:
+            try:
+                return fn(**kwargs)
+            except TypeError as exc:
+                raise EnvSpecError(f"{spec}: {exc} (check the env settings, "
+                                   "--set env.KEY=...)") from None
+
+        return PettingZooVecEnv(factory_fn, num_envs, device=device, name=spec)
+    raise EnvSpecError(f"unknown env {spec!r}; use {SPECS}")

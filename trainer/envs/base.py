@@ -8,6 +8,15 @@ float observations and discrete actions, exchanged as torch tensors on ``device`
 observation is already the first of the next episode and ``info["final_obs"]`` holds
 the last observation of the finished one, so truncated episodes can be bootstrapped
 with V(final_obs) while terminated ones are not.
+
+Two optional attributes describe the observation last returned by ``reset``/``step``
+(an env without them has every row alive and every action legal):
+
+* ``alive``: ``(num_envs,)`` bool, the rows whose agent acts on it. A row that is not
+  alive (an agent that finished before the others) is not trained on and not counted
+  as a step.
+* ``action_mask``: ``(num_envs, num_actions)`` bool, the legal actions; the policy's
+  logits are masked with it, in the rollout and in the update.
 """
 
 from __future__ import annotations
@@ -47,3 +56,13 @@ def state_dict_of(env: Any) -> dict[str, Any] | None:
     """The env's resumable state, or None if it cannot be snapshotted (e.g. Gymnasium)."""
     fn = getattr(env, "state_dict", None)
     return fn() if callable(fn) else None
+
+
+def alive_of(env: Any) -> torch.Tensor | None:
+    """The env's per-row alive flags for its current observation (None: all alive)."""
+    return getattr(env, "alive", None)
+
+
+def action_mask_of(env: Any) -> torch.Tensor | None:
+    """The env's legal-action mask for its current observation (None: all legal)."""
+    return getattr(env, "action_mask", None)

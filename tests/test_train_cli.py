@@ -333,3 +333,21 @@ def test_from_a_python_api_snapshot_without_env_spec(ws, capsys):
     _, err = train(capsys, "--from", "api", "--steps", str(3 * STEPS_PER_ITERATION))
     assert "does not say which env it was trained on; assuming --env warehouse" in err
     assert iterations_of(repo, "api") == [3, 2, 1]
+
+
+@pytest.mark.parametrize("mask", ["obs", "info"])
+def test_eval_honours_the_envs_action_mask(ws, capsys, eval_plugin, monkeypatch, mask):
+    """MALine raises on an illegal action: an untrained policy that ignored the mask
+    would hit one within a few steps, so eval finishing proves the mask was applied."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "trainer"))
+    main(["init"])
+    assert main(["train", "--env", "gym:ma_gym_env:MALine-v0", "--set", "num_envs=2",
+                 "--set", "num_steps=8", "--set", "hidden_sizes=[8]", "--set",
+                 f"env.mask={mask}", "--steps", "32", "--branch", "m", "--no-progress",
+                 "--device", "cpu"]) == 0
+    capsys.readouterr()
+    for greedy in ([], ["--greedy"]):
+        assert main(["eval", "m", "--episodes", "6", "--json", *greedy]) == 0
+        assert json.loads(capsys.readouterr().out)["episodes"] == 6

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.envs.base import action_mask_of
 from trainer.store_hook import SnapshotMismatchError, StoredRun, check_policy_fits, read_run
 from vrl import Repo
 from vrl.errors import VrlError
@@ -87,9 +88,11 @@ def _actor(agent: torch.nn.Module, greedy: bool, seed: int, device: torch.device
     generator.manual_seed(seed)
 
     @torch.no_grad()
-    def act(obs: torch.Tensor) -> torch.Tensor:
-        action, _, _, _, logits = agent.get_action_and_value(obs.to(device),
-                                                             generator=generator)
+    def act(obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # masked logits: greedy and sampled actions are both legal where the env masks
+        mask = None if mask is None else mask.to(device)
+        action, _, _, _, logits = agent.get_action_and_value(
+            obs.to(device), generator=generator, action_mask=mask)
         return logits.argmax(-1) if greedy else action
 
     return act
@@ -100,7 +103,7 @@ def run_episodes(env: Any, act: Any, episodes: int, seed: int) -> list[dict[str,
     obs = env.reset(seed=seed)
     done: list[dict[str, float]] = []
     for _ in range(MAX_STEPS):
-        obs, _, _, _, info = env.step(act(obs))
+        obs, _, _, _, info = env.step(act(obs, action_mask_of(env)))
         done.extend(info.get("episodes", ()))
         if len(done) >= episodes:
             return done[:episodes]
@@ -193,7 +196,7 @@ def _write_gif(make_env: Any, spec: str, kwargs: dict[str, Any], agent: torch.nn
     obs = env.reset(seed=seed)
     frames = [frame()]
     while len(frames) < MAX_GIF_FRAMES:
-        obs, _, _, _, info = env.step(act(obs))
+        obs, _, _, _, info = env.step(act(obs, action_mask_of(env)))
         if info.get("episodes"):
             break  # the env has already reset itself: the next frame is a new episode
         frames.append(frame())

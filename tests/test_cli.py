@@ -1,6 +1,9 @@
 """The command line: exact output and exit codes (in-process through vrl.cli.main)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -141,3 +144,23 @@ def test_help_lists_commands(ws, capsys):
     for name in ["init", "commit", "checkout", "export", "log", "show", "diff", "status",
                  "branch", "tag", "reset", "reflog", "gc", "fsck", "train"]:
         assert f"  {name} " in out
+
+
+def test_a_plugin_naming_a_missing_object_does_not_break_the_cli(tmp_path):
+    """A stale install's entry point (module imports, attribute gone): `vrl --help` still
+    works and the command itself is a one-line error."""
+    info = tmp_path / "vrl_stale_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vrl-stale-plugin\n"
+                                   "Version: 0\n")
+    (info / "entry_points.txt").write_text("[vrl.commands]\nstale = vrl.cli:no_such_command\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")]), *sys.path]))
+    run = [sys.executable, "-c", "import sys, vrl.cli; sys.exit(vrl.cli.main())"]
+    helped = subprocess.run([*run, "--help"], env=env, capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert helped.returncode == 0 and "stale" in helped.stdout, helped.stderr
+    failed = subprocess.run([*run, "stale"], env=env, capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
+    assert "vrl.cli, which failed to import" in failed.stderr

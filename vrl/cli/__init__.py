@@ -32,7 +32,7 @@ class VrlGroup(click.Group):
             if ep.name == name:
                 try:
                     return ep.load()
-                except ImportError as exc:
+                except (ImportError, AttributeError) as exc:  # a stale install names a gone object
                     return _unavailable(name, ep.value.split(":")[0], exc)
         return None
 
@@ -42,7 +42,7 @@ def _unavailable(name: str, module: str, exc: Exception) -> click.Command:
     message = (f"`vrl {name}` is provided by {module}, which failed to import ({exc}); "
                "reinstall vrl with its dependencies")
 
-    def fail() -> None:
+    def fail(args: tuple[str, ...] = ()) -> None:
         raise click.ClickException(message)
 
     return click.Command(name, callback=fail, help=f"(unavailable: {exc})",

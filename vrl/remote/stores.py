@@ -123,6 +123,19 @@ class LocalRemote(RemoteStore):
             with f:
                 return f.read()
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):
+            with self._open_read(key) as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        out = {}
+        for key in self.list(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                out[key] = os.stat(self._p(key)).st_size
+        return out
+
     def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
         with self.guard(f"reading {key}"):
             try:
@@ -253,6 +266,30 @@ class FsspecRemote(RemoteStore):
                 return self.fs.cat_file(self._p(key))
             except FileNotFoundError:
                 raise KeyMissing(key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):
+            try:
+                return self.fs.cat_file(self._p(key), start=start, end=end)
+            except FileNotFoundError:
+                raise KeyMissing(key) from None
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        with self.guard(f"listing {prefix}"):
+            base = self._p(prefix).rstrip("/")
+            with contextlib.suppress(AttributeError):
+                self.fs.invalidate_cache()
+            try:
+                found = self.fs.find(base, detail=True)
+            except FileNotFoundError:
+                return {}
+            start = len(self.root) + 1 if self.root else 0
+            out = {}
+            for path, info in found.items():
+                path = self.fs._strip_protocol(path)
+                if not _is_temp(path) and info.get("size") is not None:
+                    out[path[start:]] = int(info["size"])
+            return out
 
     def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
         with self.guard(f"reading {key}"):
@@ -416,6 +453,13 @@ class S3Remote(FsspecRemote):
         from fsspec.asyn import sync
 
         return sync(self.fs.loop, func)
+
+    def get(self, key: str) -> bytes:
+        # one GET (s3fs's cat_file sends a HEAD first, to decide on concurrent ranges)
+        data, _ = self.read_versioned(key)
+        if data is None:
+            raise KeyMissing(key)
+        return data
 
     def put(self, key: str, data: bytes) -> None:
         with self.guard(f"writing {key}"):

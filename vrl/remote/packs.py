@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vrl import pack
 from vrl.errors import CorruptObjectError
-from vrl.objects import ObjectId
+from vrl.objects import HEADER_SIZE, ObjectId
 from vrl.remote.base import PACK_PREFIX, KeyMissing, RemoteStore, object_key, pack_key, redact
 
 TAIL_READ = 64 << 10  # the first read of a pack's tail: the whole index of ~1300 objects
@@ -184,6 +184,10 @@ class PackReader:
         self._pack_locks: dict[str, threading.Lock] = {}
 
     def _too_big(self, oid: ObjectId, length: int, limit: int | None, what: str) -> None:
+        if limit is not None and what == "tensor" and length != limit:  # an exact size
+            raise CorruptObjectError(
+                f"tensor {oid[:12]} from {redact(self.store.url)} has {length - HEADER_SIZE} "
+                f"bytes but its manifest says {limit - HEADER_SIZE}; nothing was written")
         if limit is not None and length > limit:
             raise CorruptObjectError(
                 f"{what} {oid[:12]} in a pack on {redact(self.store.url)} claims {length} "
@@ -230,10 +234,11 @@ class PackReader:
                                      "says; repair the remote by pushing from a good copy")
         return data
 
-    def _whole_pack(self, key: str) -> bytes | None:
-        """A small pack's bytes (downloaded once), or None when it is too big to keep."""
+    def _whole_pack(self, key: str, limit: int = WHOLE_PACK_MAX) -> bytes | None:
+        """A pack's bytes (downloaded once) if it is at most `limit` bytes and fits in the
+        cache, else None."""
         size = self.packs.sizes.get(key, 0)
-        if size > WHOLE_PACK_MAX:
+        if size > limit:
             return None
         with self._lock:
             if key in self._whole:
@@ -249,24 +254,28 @@ class PackReader:
                     self._cached += size
             return self._whole[key]
 
-    def prefetch(self, ids: Iterable[ObjectId], limits: dict[ObjectId, int]) -> None:
+    def prefetch(self, ids: Iterable[ObjectId], limits: dict[ObjectId, int],
+                 what: str = "object") -> None:
         """Read the packed ones of `ids` in few requests: a pack whole when it is small or
         mostly wanted, otherwise ranges of nearby objects. `limits` caps each length
-        (checked first); ids not in a pack are left for `get` (loose keys)."""
+        (checked first; for `what` "tensor" it is the exact length); ids not in a pack are
+        left for `get` (loose keys)."""
         by_pack: dict[str, list[tuple[int, int, ObjectId]]] = {}
         for oid in ids:
             where = self.packs.where(oid)
             if where is None or oid in self._got:
                 continue
             key, offset, length = where
-            self._too_big(oid, length, limits.get(oid), "object")
+            self._too_big(oid, length, limits.get(oid), what)
             by_pack.setdefault(key, []).append((offset, length, oid))
         reads: list[tuple[str, int, int, list[tuple[int, int, ObjectId]]]] = []
+        whole: list[tuple[str, list[tuple[int, int, ObjectId]]]] = []
         for key, wanted in by_pack.items():
             size = self.packs.sizes[key]
             want = sum(length for _, length, _ in wanted)
-            if size <= WHOLE_PACK_MIN or (size <= WHOLE_PACK_MAX and 2 * want >= size):
-                reads.append((key, 0, size, wanted))
+            if key in self._whole or size <= WHOLE_PACK_MIN or \
+                    (size <= WHOLE_PACK_MAX and 2 * want >= size):
+                whole.append((key, wanted))
                 continue
             wanted.sort()
             group = [wanted[0]]
@@ -286,6 +295,18 @@ class PackReader:
                 for offset, length, oid in members:
                     self._got[oid] = data[offset - start:offset - start + length]
 
+        def read_whole(job: tuple[str, list[tuple[int, int, ObjectId]]]) -> None:
+            key, members = job
+            data = self._whole_pack(key, max(WHOLE_PACK_MAX, WHOLE_PACK_MIN))
+            if data is None:  # the cache is full: read just these
+                start, end = min(m[0] for m in members), max(m[0] + m[1] for m in members)
+                return read((key, start, end, members))
+            with self._lock:
+                for offset, length, oid in members:
+                    self._got[oid] = data[offset:offset + length]
+            return None
+
+        _pool_map(read_whole, whole, self.jobs)
         _pool_map(read, reads, self.jobs)
 
 

@@ -324,6 +324,7 @@ def _set_tracking(repo: Repo, remote_name: str, remote_ref: str, tip: ObjectId,
 
 LIST_THRESHOLD = 256  # above this many questions, one listing beats one HEAD per object
 PACK_SPLIT = 64 << 20  # an uploaded pack holds at most about this many bytes
+PUSH_PACKS = True  # False: every object goes loose, as before packs (tests of such remotes)
 
 
 def _remote_has(store: RemoteStore, packs: RemotePacks, ids: list[ObjectId], jobs: int
@@ -399,7 +400,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
     progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(sizes))
     kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest") | \
         dict.fromkeys(new_commits, "commit")
-    loose = sorted((o for o in data if o in tensor_sizes and tensor_sizes[o] >= PACK_MAX),
+    loose = sorted((o for o in data if not PUSH_PACKS or
+                    (o in tensor_sizes and tensor_sizes[o] >= PACK_MAX)),
                    key=lambda o: -sizes[o])  # biggest first keeps every worker busy
     small = [o for o in data if o not in set(loose)]
     groups = _split(small, sizes) if sum(sizes[o] for o in small + new_commits) > PACK_SPLIT \
@@ -428,7 +430,9 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
         # The data (loose tensors, and the data packs when split) in parallel; then the
         # pack with the commits, only after all the data they name; the ref moves last.
         _pool_map(send_any, [*loose, *groups], jobs)
-        if last:
+        if not PUSH_PACKS:
+            _pool_map(send, new_commits, jobs)
+        elif last:
             send_pack(last)
         for o in data + new_commits:
             result.objects[kinds[o]] += 1
@@ -649,15 +653,15 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
     if not ids:
         return
     reader = reader or _reader(repo, store, jobs)
-    limits = {o: n + HEADER_SIZE for o, (_, n) in (expect or {}).items()
-              if isinstance(n, int)}
+    limits = {o: n + HEADER_SIZE for o, (k, n) in (expect or {}).items()
+              if k == "tensor" and isinstance(n, int)}
     progress.begin(f"fetch {redact(store.url)}", sum((sizes or {}).get(o, 0) for o in ids),
                    len(ids))
 
     def get(oid: ObjectId) -> int:
         kind, nbytes = (expect or {}).get(oid, (None, None))
-        raw = _download(reader, oid, kind, limits.get(oid), kind or "object",
-                        limit_loose=False)
+        raw = _download(reader, oid, kind, limits.get(oid),
+                        "tensor" if oid in limits else "object", limit_loose=False)
         if nbytes is not None and len(raw) - HEADER_SIZE != nbytes:
             raise CorruptObjectError(f"{kind} {oid[:12]} from {redact(store.url)} has "
                                      f"{len(raw) - HEADER_SIZE} bytes but its manifest says "
@@ -670,7 +674,8 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
     try:
         with repo.objects.batch():  # the small ones land in one pack
             for chunk in _chunks(ids, reader.packs, FETCH_BATCH):
-                reader.prefetch(chunk, limits)
+                reader.prefetch([o for o in chunk if o in limits], limits, "tensor")
+                reader.prefetch([o for o in chunk if o not in limits], {})
                 got += _pool_map(get, chunk, jobs)
     finally:
         progress.end()

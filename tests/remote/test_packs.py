@@ -178,7 +178,7 @@ def test_big_tensors_stay_loose(tmp_path, remote):
     push(src, open_named(src, "origin"), "origin")
     packs, loose = layout(open_named(src, "origin"))
     big = {o for o in src.reachable(include_reflog=False)
-           if src.objects.kind_and_size(o) == ("tensor", 160_000)}
+           if src.objects.kind_and_size(o) == ("tensor", 1_200_000)}
     assert len(packs) == 1 and {k[8:10] + k[11:] for k in loose} == big
     dst = clone(remote.url, tmp_path / "dst", options=remote.options)
     assert_bit_exact(src, dst)
@@ -238,9 +238,10 @@ def test_lazy_clone_reads_single_tensors_by_ranges(tmp_path, remote, monkeypatch
     src = source(tmp_path, remote)
     ids = small_tensor_history(src, 24)
     push(src, open_named(src, "origin"), "origin")
-    (pack_key,), loose = layout(open_named(src, "origin"))
-    size = open_named(src, "origin").list_sizes("objects/pack/")[pack_key]
-    assert loose == [] and size > WHOLE_PACK_MIN
+    packs, loose = layout(open_named(src, "origin"))  # the tensors', then the history's
+    sizes = open_named(src, "origin").list_sizes("objects/pack/")
+    size = max(sizes.values())
+    assert loose == [] and len(packs) == 2 and size > WHOLE_PACK_MIN
     lazy = clone(remote.url, tmp_path / "lazy", options=remote.options, metadata_only=True)
     seen: list[CountingStore] = []
     real_open = remote_config.open_named
@@ -302,3 +303,28 @@ def dst_packs(repo: Repo, store: RemoteStore) -> set[str]:
     packs = RemotePacks(store).load()
     return {k for k, entries in packs.entries.items()
             if all(repo.objects.has(o) for o in entries)}
+
+
+def test_a_big_push_sends_tensor_packs_then_the_history(tmp_path, monkeypatch):
+    from vrl.remote import transfer
+
+    monkeypatch.setattr(transfer, "PACK_SPLIT", 140_000)
+    monkeypatch.setattr(transfer, "ONE_PACK_MAX", 100_000)
+    remote = RemoteCase(str(tmp_path / "remote.vrl"))
+    src = source(tmp_path, remote)
+    ids = small_tensor_history(src, 4)  # 11 tensors of 60 KB: in packs of 2
+    order: list[str] = []
+    store = open_named(src, "origin")
+    real_put = store.put
+    monkeypatch.setattr(store, "put", lambda k, d: (order.append(k), real_put(k, d)))
+    push(src, store, "origin", jobs=1)
+    packs = RemotePacks(store).load()
+    kinds = {k: {src.objects.kind_and_size(o)[0] for o in e} for k, e in packs.entries.items()}
+    assert len(kinds) == 7 and not packs.bad
+    assert list(kinds.values()).count({"tensor"}) == 6
+    assert kinds[order[-1]] == {"manifest", "commit"}  # the history, after all its data
+    lazy = clone(remote.url, tmp_path / "lazy", metadata_only=True)
+    assert lazy.log()[0].id == ids[-1]
+    dst = clone(remote.url, tmp_path / "dst")
+    for oid in ids:
+        assert_bit_exact(src, dst, oid)

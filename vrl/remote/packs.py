@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vrl import pack
 from vrl.errors import CorruptObjectError
-from vrl.objects import HEADER_SIZE, ObjectId
+from vrl.objects import HEADER_SIZE, ObjectId, is_object_id
 from vrl.remote.base import PACK_PREFIX, KeyMissing, RemoteStore, object_key, pack_key, redact
 
 TAIL_READ = 64 << 10  # the first read of a pack's tail: the whole index of ~1300 objects
@@ -80,7 +80,7 @@ class RemotePacks:
             self.loose = set()
             for key in listing:
                 oid = key[8:10] + key[11:]
-                if len(key) == 8 + 2 + 1 + 62 and key[10] == "/":
+                if len(key) == 8 + 2 + 1 + 62 and key[10] == "/" and is_object_id(oid):
                     self.loose.add(ObjectId(oid))
         self.sizes = {k: n for k, n in listing.items()
                       if k.startswith(PACK_PREFIX) and "/" not in k[len(PACK_PREFIX):]

@@ -23,7 +23,6 @@ import blake3
 
 from vrl import pack
 from vrl.errors import CorruptObjectError, RefConflictError, VrlError
-from vrl.object_store import PACK_MAX
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, parse_header
 from vrl.refs import short_ref
 from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, pack_key, redact
@@ -323,8 +322,15 @@ def _set_tracking(repo: Repo, remote_name: str, remote_ref: str, tip: ObjectId,
 
 
 LIST_THRESHOLD = 256  # above this many questions, one listing beats one HEAD per object
-PACK_SPLIT = 64 << 20  # an uploaded pack holds at most about this many bytes
+PACK_SPLIT = 64 << 20  # an uploaded pack of tensors holds at most about this many bytes
+ONE_PACK_MAX = 1 << 20  # a push this small sends one pack; a bigger one sends its tensors'
+# pack(s), then one pack of manifests and commits (so fetches find the history in one read)
 PUSH_PACKS = True  # False: every object goes loose, as before packs (tests of such remotes)
+REMOTE_PACK_MAX = 1 << 20
+"""Tensors smaller than this are pushed inside the pack (bigger ones loose). Larger than
+the local store's 64 KiB: over a network a request costs more than sending ~1 MiB (S3:
+tens of ms each), while a fetch still reads a single packed tensor with one ranged read;
+fetched objects are written through the local store, which keeps its own layout."""
 
 
 def _remote_has(store: RemoteStore, packs: RemotePacks, ids: list[ObjectId], jobs: int
@@ -347,8 +353,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
             tracking: list[ObjectId], jobs: int, progress: Progress,
             result: TransferResult) -> None:
     """Send what the remote lacks of the history behind `tips`: big tensors as loose
-    objects, then everything else in one pack (a few when over PACK_SPLIT bytes: the
-    data's first, the commits' last)."""
+    objects, then everything else in one pack; over ONE_PACK_MAX bytes, the small
+    tensors in packs of up to PACK_SPLIT bytes, then the manifests and commits in one."""
     for tip in tips:
         if not repo.objects.has(tip):
             raise VrlError(f"commit {tip[:12]} is missing locally; run `vrl fsck`")
@@ -381,7 +387,7 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
     # An interrupted push (or another branch) may have left some of these there: skip
     # those in a pack, and big tensors already there loose (one HEAD each, or the listing).
     # A small object outside every pack is sent again: cheaper than asking.
-    big = [t for t in tensors if tensor_sizes[t] >= PACK_MAX]
+    big = [t for t in tensors if tensor_sizes[t] >= REMOTE_PACK_MAX]
     there = packs.packed() & set(tensors + manifests + commits)
     there |= _remote_has(store, packs, [t for t in big if t not in there], jobs)
     if packs.loose is not None:
@@ -401,12 +407,14 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
     kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest") | \
         dict.fromkeys(new_commits, "commit")
     loose = sorted((o for o in data if not PUSH_PACKS or
-                    (o in tensor_sizes and tensor_sizes[o] >= PACK_MAX)),
+                    (o in tensor_sizes and tensor_sizes[o] >= REMOTE_PACK_MAX)),
                    key=lambda o: -sizes[o])  # biggest first keeps every worker busy
     small = [o for o in data if o not in set(loose)]
-    groups = _split(small, sizes) if sum(sizes[o] for o in small + new_commits) > PACK_SPLIT \
-        else []
-    last = new_commits if groups else small + new_commits
+    if sum(sizes[o] for o in small + new_commits) <= ONE_PACK_MAX:
+        groups, last = [], small + new_commits  # read whole by any fetch anyway
+    else:  # the history (manifests, commits) apart: a clone reads it whole, lazy or not
+        groups = _split([o for o in small if kinds[o] == "tensor"], sizes)
+        last = [o for o in small if kinds[o] != "tensor"] + new_commits
 
     def send(oid: ObjectId) -> None:
         path = repo.objects.loose_path(oid)  # big tensors: streamed from their file
@@ -427,8 +435,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
         send_pack(job) if isinstance(job, list) else send(job)
 
     try:
-        # The data (loose tensors, and the data packs when split) in parallel; then the
-        # pack with the commits, only after all the data they name; the ref moves last.
+        # The tensors (loose ones, and their packs when apart) in parallel; then the pack
+        # with the commits, only after all the data they name; the ref moves last.
         _pool_map(send_any, [*loose, *groups], jobs)
         if not PUSH_PACKS:
             _pool_map(send, new_commits, jobs)

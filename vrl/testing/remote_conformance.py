@@ -123,8 +123,8 @@ def make_big_history(repo: Repo, commits: int = 4) -> list[ObjectId]:
     import torch
 
     gen = torch.Generator().manual_seed(1)
-    state = {"big0": torch.randn(40_000, generator=gen), "big1": torch.randn(40_000,
-                                                                              generator=gen),
+    big = 300_000  # 1.2 MB: over the remote pack threshold
+    state = {"big0": torch.randn(big, generator=gen), "big1": torch.randn(big, generator=gen),
              "small": torch.randn(100, generator=gen)}
     ids = []
     for i in range(commits):

@@ -604,6 +604,24 @@ def _import(scheme: str, module: str) -> Any:
                                   f"installed: pip install 'vrl[{extra}]'") from exc
 
 
+_BOTOCORE_LOADER: Any = None
+
+
+def _s3_session(profile: str | None) -> Any:
+    """A new aiobotocore session (credentials and profile resolved afresh, as before)
+    sharing one loader of botocore's data files: reading those again for every remote
+    opened was most of the time of a no-op push."""
+    global _BOTOCORE_LOADER
+    import aiobotocore.session
+    import botocore.loaders
+
+    if _BOTOCORE_LOADER is None:
+        _BOTOCORE_LOADER = botocore.loaders.create_loader()
+    session = aiobotocore.session.AioSession(profile=profile or None)
+    session.register_component("data_loader", _BOTOCORE_LOADER)
+    return session
+
+
 def _bool(value: str | None) -> bool | None:
     return None if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -640,8 +658,7 @@ def open_remote(url: str, options: dict[str, str] | None = None) -> RemoteStore:
         }
         if options.get("endpoint_url"):
             kwargs["endpoint_url"] = options["endpoint_url"]
-        if options.get("profile"):
-            kwargs["profile"] = options["profile"]
+        kwargs["session"] = _s3_session(options.get("profile"))
         if _bool(options.get("anon")):
             kwargs["anon"] = True
         fs = s3fs.S3FileSystem(**kwargs)

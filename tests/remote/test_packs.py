@@ -158,6 +158,9 @@ def test_push_sends_one_pack_and_clone_costs_few_requests(tmp_path, remote):
     for oid in ids:
         assert_bit_exact(src, dst, oid)
     assert dst.fsck()["ok"]
+    # installed here as local packs (the store's own layout), not one file per object
+    assert dst.objects.packs() and not any(dst.objects.loose_path(o)
+                                           for o in dst.reachable(include_reflog=False))
 
     again = CountingStore(open_named(src, "origin"))
     assert push(src, again, "origin").updates[0].status == "up-to-date"

@@ -216,3 +216,12 @@ class TestHostilePacksS3(HostilePacks):
         endpoint = f"http://127.0.0.1:{s3.port}"
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
         return RemoteCase(f"s3://{bucket}/team/repo", {"endpoint_url": endpoint})
+
+
+class TestHostilePacksSsh(HostilePacks):
+    examples = EXAMPLES // 3
+
+    @pytest.fixture
+    def remote(self, ssh):
+        return RemoteCase(f"ssh://tester@127.0.0.1:{ssh.server.port}/{uuid.uuid4().hex}/repo",
+                          ssh.options())

@@ -10,6 +10,7 @@ a few tensors change per commit. For each we measure, in the same run:
 Writes bench/out/remote_bench.json.
 
     nice -n 10 python bench/remote_bench.py [--size-mb 400] [--commits 50] [--changed 2]
+                                            [--repeat 5] [--skip-big]
 """
 
 from __future__ import annotations
@@ -54,6 +55,30 @@ def build_history(path: Path, n_tensors: int, tensor_bytes: int, commits: int,
     return repo
 
 
+REQUESTS = [0]  # HTTP requests sent to S3 by this process (vrl and the baseline alike)
+
+
+def count_requests() -> None:
+    """Count every request aiobotocore (under s3fs) sends: the bench's request figures."""
+    from aiobotocore.endpoint import AioEndpoint
+
+    send = AioEndpoint._send
+
+    async def counted(self: Any, request: Any) -> Any:
+        REQUESTS[0] += 1
+        return await send(self, request)
+
+    AioEndpoint._send = counted
+
+
+def counted(func: Any) -> tuple[Any, float, int]:
+    """(result, seconds, S3 requests) of one call."""
+    before = REQUESTS[0]
+    start = time.perf_counter()
+    out = func()
+    return out, time.perf_counter() - start, REQUESTS[0] - before
+
+
 def object_bytes(repo: Any, oids: set[str]) -> int:
     return sum(64 + repo.objects.kind_and_size(o)[1] for o in oids)  # header + payload
 
@@ -80,7 +105,7 @@ def median_time(func: Any, runs: int = 5) -> float:
 
 
 def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: int,
-             commits: int, changed: int, jobs: int) -> dict[str, Any]:
+             commits: int, changed: int, jobs: int, repeat: int = 1) -> dict[str, Any]:
     import boto3
 
     from vrl.remote import add_remote, clone, open_named, pull, push
@@ -101,32 +126,45 @@ def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: 
     model_bytes = n_tensors * tensor_bytes
     whole_file_bytes = commits * model_bytes  # a whole checkpoint per commit
 
-    store = open_named(repo, "origin")
-    start = time.perf_counter()
-    first = push(repo, store, "origin", jobs=jobs)
-    push_s = time.perf_counter() - start
-
     # the same bytes as plain files (packed objects have no file of their own)
     files = []
     for o in sorted(reachable):
         files.append(tmp / f"{name}-plain-files" / o[:2] / o[2:])
         files[-1].parent.mkdir(parents=True, exist_ok=True)
         files[-1].write_bytes(repo.objects.read_raw(o))
-    plain_s = plain_s3fs_upload(endpoint, f"{bucket}-plain", files, jobs)
+    # vrl push and the plain upload, alternated, each into a fresh bucket: medians
+    push_runs, plain_runs = [], []
+    for r in range(repeat):
+        if r:
+            s3.create_bucket(Bucket=f"{bucket}-{r}")
+            add_remote(repo, f"run{r}", f"s3://{bucket}-{r}/repo", opts, create=True)
+        remote = "origin" if r == 0 else f"run{r}"
+        store = open_named(repo, remote)
+        result, seconds, requests = counted(
+            lambda s=store, n=remote: push(repo, s, n, jobs=jobs))
+        push_runs.append((seconds, requests))
+        if r == 0:
+            first = result
+        plain_runs.append(counted(lambda b=f"{bucket}-plain{r}": plain_s3fs_upload(
+            endpoint, b, files, jobs))[1:])
+    push_s = statistics.median(t for t, _ in push_runs)
+    plain_s = statistics.median(t for t, _ in plain_runs)
 
     noop_s = median_time(lambda: push(repo, open_named(repo, "origin"), "origin", jobs=jobs))
+    _, _, noop_requests = counted(lambda: push(repo, open_named(repo, "origin"), "origin",
+                                               jobs=jobs))
     cli_env = {**os.environ}
     noop_cli = median_time(lambda: subprocess.run(
         [sys.executable, "-c", "import sys; from vrl.cli import main; sys.exit(main())",
          "push", "-q"], cwd=repo.workdir, env=cli_env,
         check=True, capture_output=True), runs=3)
 
-    start = time.perf_counter()
-    cloned = clone(url, tmp / f"{name}-clone", options=opts, jobs=jobs, checkout=False)
-    clone_s = time.perf_counter() - start
-    start = time.perf_counter()
-    clone(url, tmp / f"{name}-lazy", options=opts, jobs=jobs, metadata_only=True)
-    lazy_s = time.perf_counter() - start
+    cloned, clone_s, clone_requests = counted(lambda: clone(
+        url, tmp / f"{name}-clone", options=opts, jobs=jobs, checkout=False))
+    lazy, lazy_s, lazy_requests = counted(lambda: clone(
+        url, tmp / f"{name}-lazy", options=opts, jobs=jobs, metadata_only=True))
+    # one snapshot of the metadata-only clone, its tensors fetched on demand
+    _, lazy_load_s, lazy_load_requests = counted(lambda: lazy.load(lazy.head()))
 
     # one more commit upstream: push it, pull it
     build_history_step(repo, n_tensors, changed, commits)
@@ -134,12 +172,10 @@ def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: 
     parent_m = repo.read_manifest(repo.read_commit(repo.resolve("HEAD^")).manifest)
     new_tensors = {e.id for e in head_m.tensors.values()} - \
         {e.id for e in parent_m.tensors.values()}
-    start = time.perf_counter()
-    inc = push(repo, open_named(repo, "origin"), "origin", jobs=jobs)
-    inc_s = time.perf_counter() - start
-    start = time.perf_counter()
-    pulled, fetched = pull(cloned, open_named(cloned, "origin"), "origin", jobs=jobs)
-    pull_s = time.perf_counter() - start
+    inc, inc_s, inc_requests = counted(lambda: push(repo, open_named(repo, "origin"), "origin",
+                                                    jobs=jobs))
+    (pulled, fetched), pull_s, pull_requests = counted(lambda: pull(
+        cloned, open_named(cloned, "origin"), "origin", jobs=jobs))
 
     return {
         "commits": commits, "tensors": n_tensors, "tensor_bytes": tensor_bytes,
@@ -148,16 +184,21 @@ def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: 
         "whole_checkpoint_per_commit_bytes": whole_file_bytes,
         "push": {"seconds": push_s, "bytes_sent": first.bytes, "objects": first.objects,
                  "bytes_sent_equals_distinct": first.bytes == distinct,
-                 "MB_per_s": first.bytes / push_s / 1e6},
-        "plain_s3fs_put": {"seconds": plain_s, "bytes": distinct},
+                 "MB_per_s": first.bytes / push_s / 1e6,
+                 "requests": push_runs[0][1], "runs_s": [t for t, _ in push_runs]},
+        "plain_s3fs_put": {"seconds": plain_s, "bytes": distinct,
+                           "requests": plain_runs[0][1], "runs_s": [t for t, _ in plain_runs]},
         "push_vs_plain_s3fs": push_s / plain_s,
-        "noop_push_s": noop_s, "noop_push_cli_s": noop_cli,
-        "clone_s": clone_s, "clone_metadata_only_s": lazy_s,
+        "noop_push_s": noop_s, "noop_push_requests": noop_requests, "noop_push_cli_s": noop_cli,
+        "clone_s": clone_s, "clone_requests": clone_requests,
+        "clone_metadata_only_s": lazy_s, "clone_metadata_only_requests": lazy_requests,
+        "lazy_load_head_s": lazy_load_s, "lazy_load_head_requests": lazy_load_requests,
         "incremental_push": {"seconds": inc_s, "objects": inc.objects, "bytes": inc.bytes,
+                             "requests": inc_requests,
                              "changed_tensors": len(new_tensors),
                              "changed_tensor_bytes": object_bytes(repo, new_tensors)},
         "pull": {"seconds": pull_s, "status": pulled.status, "objects": fetched.objects,
-                 "bytes": fetched.bytes},
+                 "bytes": fetched.bytes, "requests": pull_requests},
         "dvc": dvc_compare(tmp / f"{name}-dvc", n_tensors, tensor_bytes, commits, changed)
         if shutil.which("dvc") else "dvc not installed: skipped",
     }
@@ -215,12 +256,16 @@ def main() -> None:
     parser.add_argument("--changed", type=int, default=2, help="tensors changed per commit")
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="pushes (and plain uploads) per case, alternated: medians")
+    parser.add_argument("--small-tensor-kb", type=int, default=128)
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" /
                                              "remote_bench.json"))
     args = parser.parse_args()
 
     from vrl.testing.servers import s3_server
 
+    count_requests()
     server = s3_server(threaded=True)  # parallel uploads need a threaded server
     endpoint = f"http://127.0.0.1:{server.port}"
     tmp = Path(tempfile.mkdtemp(prefix="vrl-remote-bench-"))
@@ -231,13 +276,13 @@ def main() -> None:
     }
     try:
         # small policy: ~1 MB in 8 tensors, 1 changes per commit
-        results["small"] = run_case("small", tmp, endpoint, 8, 128 * 1024, args.commits, 1,
-                                    args.jobs)
+        results["small"] = run_case("small", tmp, endpoint, 8, args.small_tensor_kb * 1024,
+                                    args.commits, 1, args.jobs, args.repeat)
         print(json.dumps({"small": results["small"]}, indent=1), flush=True)
         if not args.skip_big:
             tensor_bytes = int(args.size_mb * 1e6 / args.tensors)
             results["big"] = run_case("big", tmp, endpoint, args.tensors, tensor_bytes,
-                                      args.commits, args.changed, args.jobs)
+                                      args.commits, args.changed, args.jobs, args.repeat)
             print(json.dumps({"big": results["big"]}, indent=1), flush=True)
     finally:
         server.kill()

@@ -395,9 +395,12 @@ def run_transfers(tmp_path: Path, monkeypatch, ignore: frozenset[str] = frozense
     """Push to a new local remote, clone it, then commit, push and fetch twice more (one
     branch in new directories), under the I/O layer; a cut at every step of the transfers.
     Repository `a` and its first commit exist before (their cuts are the sweep above's)."""
+    from vrl.remote import transfer
     from vrl.remote.stores import LocalRemote
     from vrl.remote.transfer import clone, fetch, push
 
+    # critic.weight (77 KB) goes loose: the cuts cover both ways a push sends objects
+    monkeypatch.setattr(transfer, "REMOTE_PACK_MAX", 64 << 10)
     work = tmp_path / "work"
     work.mkdir()
     repo = Repo.init(work / "a")
@@ -507,6 +510,11 @@ def test_every_power_cut_in_push_and_fetch_keeps_what_was_reported(tmp_path, mon
                                    for c, p in failures[:5])
     for kind in ("remote-file", "remote-dir", "object", "ref", "reflog"):
         assert lazy.fsyncs.get(kind), (kind, lazy.fsyncs)
+    # the cuts covered both ways a push sends objects: the small ones as one pack per
+    # push, the big tensor (critic.weight) loose
+    remote = tmp_path / "work/remote/objects"
+    assert len(list(remote.glob("pack/pack-*.pack"))) == 3
+    assert [f for f in remote.glob("??/*") if f.stat().st_size > 64 << 10]
 
 
 @pytest.mark.parametrize("kind", ["remote-file", "remote-dir", "object", "object-dir", "ref",

@@ -141,3 +141,60 @@ def check_raw(oid: ObjectId, raw: bytes) -> str | None:
     if blake3.blake3(raw).hexdigest() != oid:
         return "its bytes do not match its id"
     return None
+
+
+# ---------------------------------------------------------------------- remote (read side)
+# A remote holds packs byte-identical to local ones. Its client knows only each pack's size
+# (from a listing) and reads ranges: first the tail (trailer + index), then objects. Every
+# length below is checked against that size before anything is read or allocated, so a
+# pack that lies (offsets, lengths, counts) costs nothing but the refusal.
+
+MAX_INDEX_BYTES = 64 << 20  # ~1.4 million objects: more is damage, not a pack
+
+
+def index_span(trailer: bytes, size: int, label: str) -> int:
+    """How many bytes at the end of a `size`-byte pack hold its index and trailer, from
+    its last TRAILER.size bytes; raises CorruptObjectError if they cannot be a trailer."""
+    if size < len(PACK_HEADER) + TRAILER.size or len(trailer) != TRAILER.size:
+        raise CorruptObjectError(f"pack {label} is truncated ({size} bytes)")
+    magic, index_at, count, _, _ = TRAILER.unpack(trailer)
+    span = count * ENTRY.size + TRAILER.size
+    if magic != TRAILER_MAGIC or index_at < len(PACK_HEADER) or index_at + span != size:
+        raise CorruptObjectError(f"pack {label} is truncated or has a damaged trailer")
+    if span > MAX_INDEX_BYTES:
+        raise CorruptObjectError(f"pack {label} claims an index of {span} bytes, over "
+                                 f"{MAX_INDEX_BYTES}; refusing it")
+    return span
+
+
+def parse_tail(tail: bytes, size: int, label: str, name: str = "") -> Entries:
+    """The entries of a `size`-byte pack from its last `index_span` bytes (index +
+    trailer): the checksum, the name (when given) and every entry are checked as
+    `read_index` checks a local pack."""
+    span = index_span(tail[-TRAILER.size:], size, label)
+    if len(tail) != span:
+        raise CorruptObjectError(f"pack {label}: index of {len(tail)} bytes, expected {span}")
+    index, trailer = tail[:-TRAILER.size], tail[-TRAILER.size:]
+    if blake3.blake3(index + trailer[:32]).digest() != trailer[32:]:
+        raise CorruptObjectError(f"pack {label} has a damaged index (checksum mismatch)")
+    if name and name != trailer[32:].hex():
+        raise CorruptObjectError(f"pack {label} does not match its name")
+    index_at = size - span
+    entries: Entries = {}
+    end = len(PACK_HEADER)
+    for oid_raw, offset, length in sorted(ENTRY.iter_unpack(index), key=lambda e: e[1]):
+        if offset < end or length < HEADER_SIZE or offset + length > index_at:
+            raise CorruptObjectError(f"pack {label}: index entries overlap or point outside "
+                                     "the pack")
+        end = offset + length
+        entries[ObjectId(oid_raw.hex())] = (offset, length)
+    if len(entries) != len(index) // ENTRY.size:
+        raise CorruptObjectError(f"pack {label} lists an object twice")
+    return entries
+
+
+def build_bytes(objects: Iterable[tuple[ObjectId, bytes | memoryview]]
+                ) -> tuple[str, bytes, Entries]:
+    """A whole pack in memory (for upload): (name, bytes, entries)."""
+    name, chunks, entries = build(objects)
+    return name, b"".join(chunks), entries

@@ -1,7 +1,8 @@
 """The small interface every remote implements, over keys relative to the remote's root.
 
 A remote has the repository layout: `objects/ab/cdef...` (each file byte-identical to the
-local object file), `refs/heads/...`, `refs/tags/...` and `HEAD`. Implementations only
+local object file), packs `objects/pack/pack-<name>.pack` (the local pack format, see
+vrl/pack.py), `refs/heads/...`, `refs/tags/...` and `HEAD`. Implementations only
 need atomic whole-key writes and a compare-and-swap on small keys (refs); the transfer
 logic in `vrl.remote.transfer` builds push/fetch on top.
 """
@@ -57,6 +58,14 @@ def object_key(oid: ObjectId | str) -> str:
     return f"objects/{oid[:2]}/{oid[2:]}"
 
 
+PACK_PREFIX = "objects/pack/"
+
+
+def pack_key(name: str) -> str:
+    """The key of the pack whose name (index checksum) is `name`."""
+    return f"{PACK_PREFIX}pack-{name}.pack"
+
+
 MAX_REF_BYTES = 4096  # a ref is 65 bytes; HEAD a short "ref: refs/heads/..." line
 MAX_REF_NAME = 1024
 
@@ -99,6 +108,21 @@ class RemoteStore(ABC):
     def put_file(self, key: str, local: Path) -> None:
         """Upload a local file as `key` (atomically). Backends stream where they can."""
         self.put(key, Path(local).read_bytes())
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` (exclusive) of `key`, in one request where the backend
+        can; raise KeyMissing if absent. Callers check the range against the key's size
+        (from `list_sizes`) first: a short answer means the key changed or is damaged."""
+        return self.get(key)[start:end]
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under `prefix` (as `list`) and its size in bytes: one listing where
+        the backend can."""
+        out = {}
+        for key in self.list(prefix):
+            with contextlib.suppress(KeyMissing):
+                out[key] = len(self.get(key))
+        return out
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...

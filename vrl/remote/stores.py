@@ -123,6 +123,19 @@ class LocalRemote(RemoteStore):
             with f:
                 return f.read()
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):
+            with self._open_read(key) as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        out = {}
+        for key in self.list(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                out[key] = os.stat(self._p(key)).st_size
+        return out
+
     def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
         with self.guard(f"reading {key}"):
             try:
@@ -253,6 +266,40 @@ class FsspecRemote(RemoteStore):
                 return self.fs.cat_file(self._p(key))
             except FileNotFoundError:
                 raise KeyMissing(key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):
+            try:
+                with self.fs.open(self._p(key), "rb") as f:
+                    f.seek(start)
+                    parts = []
+                    want = end - start
+                    while want > 0:  # an SFTP read returns at most one block
+                        chunk = f.read(want)
+                        if not chunk:
+                            break
+                        parts.append(chunk)
+                        want -= len(chunk)
+                    return b"".join(parts)
+            except FileNotFoundError:
+                raise KeyMissing(key) from None
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        with self.guard(f"listing {prefix}"):
+            base = self._p(prefix).rstrip("/")
+            with contextlib.suppress(AttributeError):
+                self.fs.invalidate_cache()
+            try:
+                found = self.fs.find(base, detail=True)
+            except FileNotFoundError:
+                return {}
+            start = len(self.root) + 1 if self.root else 0
+            out = {}
+            for path, info in found.items():
+                path = self.fs._strip_protocol(path)
+                if not _is_temp(path) and info.get("size") is not None:
+                    out[path[start:]] = int(info["size"])
+            return out
 
     def get_small(self, key: str, limit: int, what: str = "object") -> bytes:
         with self.guard(f"reading {key}"):
@@ -417,6 +464,20 @@ class S3Remote(FsspecRemote):
 
         return sync(self.fs.loop, func)
 
+    def get(self, key: str) -> bytes:
+        # one GET (s3fs's cat_file sends a HEAD first, to decide on concurrent ranges)
+        data, _ = self.read_versioned(key)
+        if data is None:
+            raise KeyMissing(key)
+        return data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):  # one GET with a Range header
+            try:
+                return self.fs.cat_file(self._p(key), start=start, end=end)
+            except FileNotFoundError:
+                raise KeyMissing(key) from None
+
     def put(self, key: str, data: bytes) -> None:
         with self.guard(f"writing {key}"):
             self.fs.pipe_file(self._p(key), data)
@@ -543,6 +604,24 @@ def _import(scheme: str, module: str) -> Any:
                                   f"installed: pip install 'vrl[{extra}]'") from exc
 
 
+_BOTOCORE_LOADER: Any = None
+
+
+def _s3_session(profile: str | None) -> Any:
+    """A new aiobotocore session (credentials and profile resolved afresh, as before)
+    sharing one loader of botocore's data files: reading those again for every remote
+    opened was most of the time of a no-op push."""
+    global _BOTOCORE_LOADER
+    import aiobotocore.session
+    import botocore.loaders
+
+    if _BOTOCORE_LOADER is None:
+        _BOTOCORE_LOADER = botocore.loaders.create_loader()
+    session = aiobotocore.session.AioSession(profile=profile or None)
+    session.register_component("data_loader", _BOTOCORE_LOADER)
+    return session
+
+
 def _bool(value: str | None) -> bool | None:
     return None if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -579,8 +658,7 @@ def open_remote(url: str, options: dict[str, str] | None = None) -> RemoteStore:
         }
         if options.get("endpoint_url"):
             kwargs["endpoint_url"] = options["endpoint_url"]
-        if options.get("profile"):
-            kwargs["profile"] = options["profile"]
+        kwargs["session"] = _s3_session(options.get("profile"))
         if _bool(options.get("anon")):
             kwargs["anon"] = True
         fs = s3fs.S3FileSystem(**kwargs)

@@ -2,7 +2,8 @@
 
 Invariants: on a remote, a commit a ref points to is complete (its manifest, tensors and
 all its ancestors are there), and a commit object is never uploaded before its manifest
-and tensors; so push uploads tensors and manifests, then commits, and moves the ref last.
+and tensors; so push uploads big tensors (loose), then one pack holding every small
+object, manifest and commit (a pack appears whole or not at all), and moves the ref last.
 Locally, a commit object present means its ancestors are present (and its tensors, unless
 the repository is a partial clone); so fetch writes commits last, oldest first. An
 interrupted transfer leaves only unreferenced objects, and the next run skips whatever
@@ -20,11 +21,13 @@ from typing import Any, Protocol
 
 import blake3
 
+from vrl import pack
 from vrl.errors import CorruptObjectError, RefConflictError, VrlError
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, parse_header
 from vrl.refs import short_ref
-from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, redact
+from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, pack_key, redact
 from vrl.remote.errors import NonFastForwardError, RemoteError, RemoteObjectMissingError
+from vrl.remote.packs import PackReader, RemotePacks, cache_dir
 from vrl.repo import Repo, register_fetchers
 
 DEFAULT_JOBS = 8
@@ -127,15 +130,30 @@ def _verify(oid: ObjectId, raw: bytes, where: str, kind: str | None = None) -> s
     return got
 
 
-def _download(store: RemoteStore, oid: ObjectId, kind: str | None = None,
-              limit: int | None = None, what: str = "object") -> bytes:
+def _reader(repo: Repo, store: RemoteStore, jobs: int) -> PackReader:
+    """Reads objects from `store`'s packs and loose keys (its pack indexes cached here)."""
+    return PackReader(store, RemotePacks(store, cache_dir(repo.vrl_dir), jobs), jobs)
+
+
+def _download(reader: PackReader, oid: ObjectId, kind: str | None = None,
+              limit: int | None = None, what: str = "object", limit_loose: bool = True
+              ) -> bytes:
+    """One object, verified. A packed copy that fails verification is replaced by a loose
+    copy of the same id when the remote has one (a remote may hold both)."""
+    where = redact(reader.store.url)
     try:
-        raw = store.get_small(object_key(oid), limit, what) if limit else \
-            store.get(object_key(oid))
+        raw = reader.get(oid, limit, what, limit_loose)
     except KeyMissing:
-        raise RemoteObjectMissingError(f"object {oid[:12]} is missing on {redact(store.url)}"
-                                       ) from None
-    _verify(oid, raw, redact(store.url), kind)
+        raise RemoteObjectMissingError(f"object {oid[:12]} is missing on {where}"
+                                       + reader.packs.damage_note()) from None
+    try:
+        _verify(oid, raw, where, kind)
+    except CorruptObjectError:
+        other = reader.loose_fallback(oid, limit if limit_loose else None, what)
+        if other is None:
+            raise
+        _verify(oid, other, where, kind)
+        raw = other
     return raw
 
 
@@ -237,8 +255,7 @@ def push(repo: Repo, store: RemoteStore, remote_name: str, refs: Iterable[str] =
 
     pending = [p for p in plans if p[5] != "up-to-date"]
     if pending:
-        _upload(repo, store, [p[2] for p in pending],
-                [p[3] for p in plans if p[3]] +
+        _upload(repo, store, [p[2] for p in pending], [p[3] for p in plans if p[3]],
                 list(repo.refs.list(f"refs/remotes/{remote_name}/").values()),
                 jobs, progress, result)
     for local_ref, remote_ref, tip, remote_tip, token, status in plans:
@@ -305,31 +322,52 @@ def _set_tracking(repo: Repo, remote_name: str, remote_ref: str, tip: ObjectId,
 
 
 LIST_THRESHOLD = 256  # above this many questions, one listing beats one HEAD per object
+PACK_SPLIT = 64 << 20  # an uploaded pack of tensors holds at most about this many bytes
+ONE_PACK_MAX = 1 << 20  # a push this small sends one pack; a bigger one sends its tensors'
+# pack(s), then one pack of manifests and commits (so fetches find the history in one read)
+PUSH_PACKS = True  # False: every object goes loose, as before packs (tests of such remotes)
+REMOTE_PACK_MAX = 1 << 20
+"""Tensors smaller than this are pushed inside the pack (bigger ones loose). Larger than
+the local store's 64 KiB: over a network a request costs more than sending ~1 MiB (S3:
+tens of ms each), while a fetch still reads a single packed tensor with one ranged read;
+fetched objects are written through the local store, which keeps its own layout."""
 
 
-def _remote_has(store: RemoteStore, ids: list[ObjectId], jobs: int,
-                prefer_list: bool = False) -> set[ObjectId]:
-    """Which of `ids` the remote holds (`prefer_list`: the remote is known to be small)."""
+def _remote_has(store: RemoteStore, packs: RemotePacks, ids: list[ObjectId], jobs: int
+                ) -> set[ObjectId]:
+    """Which of `ids` the remote holds: in its packs, else loose (from the listing when
+    `packs` listed loose objects or there are many questions, else one HEAD each)."""
     if not ids:
         return set()
-    if len(ids) > LIST_THRESHOLD or (prefer_list and len(ids) > 8):
-        listed = {ObjectId(k[8:10] + k[11:]) for k in store.list("objects/")
-                  if len(k) == 8 + 2 + 1 + 62}
-        return set(ids) & listed
-    return {o for o, ok in zip(ids, _pool_map(store.has_object, ids, jobs), strict=True)
-            if ok}
+    found = {o for o in ids if packs.where(o)}
+    rest = [o for o in ids if o not in found]
+    if rest and packs.loose is None and len(rest) > LIST_THRESHOLD:
+        packs.load(loose=True)
+    if packs.loose is not None:
+        return found | (set(rest) & packs.loose)
+    return found | {o for o, ok in zip(rest, _pool_map(store.has_object, rest, jobs),
+                                       strict=True) if ok}
 
 
-def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: list[ObjectId],
-            jobs: int, progress: Progress, result: TransferResult) -> None:
-    """Send what the remote lacks of the history behind `tips`: data first, then commits."""
+def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: list[ObjectId],
+            tracking: list[ObjectId], jobs: int, progress: Progress,
+            result: TransferResult) -> None:
+    """Send what the remote lacks of the history behind `tips`: big tensors as loose
+    objects, then everything else in one pack; over ONE_PACK_MAX bytes, the small
+    tensors in packs of up to PACK_SPLIT bytes, then the manifests and commits in one."""
     for tip in tips:
         if not repo.objects.has(tip):
             raise VrlError(f"commit {tip[:12]} is missing locally; run `vrl fsck`")
-    # Commits a remote ref points (or pointed) to are complete there with all their
-    # ancestors, because refs move only after everything is uploaded: no need to ask.
-    candidates = [c for c in dict.fromkeys(remote_known) if repo.objects.has(c)]
-    base = ancestors(repo, _remote_has(store, candidates, jobs))
+    packs = RemotePacks(store, cache_dir(repo.vrl_dir), jobs)
+    # Commits a remote ref points to are complete there with all their ancestors, because
+    # refs move only after everything is uploaded: no need to ask. Remote-tracking refs
+    # may be stale (the remote was recreated): ask about those.
+    trusted = [c for c in dict.fromkeys(remote_tips) if repo.objects.has(c)]
+    ask = [c for c in dict.fromkeys(tracking) if c not in trusted and repo.objects.has(c)]
+    found = _remote_has(store, packs, ask, jobs)
+    if not trusted and not found:  # a new remote, or leftovers of an interrupted push:
+        packs.load(loose=True)  # one listing tells what is there
+    base = ancestors(repo, trusted + sorted(found))
     local = ancestors(repo, tips) - base
     commits = _topo_order(local, lambda c: repo.read_commit(c).parents)
     boundary = {p for c in commits for p in repo.read_commit(c).parents if p not in local}
@@ -346,9 +384,14 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
                 known.add(entry.id)
                 tensors.append(entry.id)
                 tensor_sizes[entry.id] = entry.nbytes
-    # An interrupted push may have left some of these there: ask, and skip them.
-    # A remote without refs holds at most leftovers of an interrupted push: list it.
-    there = _remote_has(store, tensors + manifests + commits, jobs, prefer_list=not base)
+    # An interrupted push (or another branch) may have left some of these there: skip
+    # those in a pack, and big tensors already there loose (one HEAD each, or the listing).
+    # A small object outside every pack is sent again: cheaper than asking.
+    big = [t for t in tensors if tensor_sizes[t] >= REMOTE_PACK_MAX]
+    there = packs.packed() & set(tensors + manifests + commits)
+    there |= _remote_has(store, packs, [t for t in big if t not in there], jobs)
+    if packs.loose is not None:
+        there |= packs.loose & set(tensors + manifests + commits)
     data = [o for o in tensors + manifests if o not in there]
     new_commits = [c for c in commits if c not in there]
     missing_local = [o for o in data if not repo.objects.has(o)]
@@ -361,28 +404,62 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_known: 
                            "repository (pruned or a metadata-only clone) nor on the remote")
     sizes = {o: HEADER_SIZE + repo.objects.kind_and_size(o)[1] for o in data + new_commits}
     progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(sizes))
-    kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest")
+    kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest") | \
+        dict.fromkeys(new_commits, "commit")
+    loose = sorted((o for o in data if not PUSH_PACKS or
+                    (o in tensor_sizes and tensor_sizes[o] >= REMOTE_PACK_MAX)),
+                   key=lambda o: -sizes[o])  # biggest first keeps every worker busy
+    small = [o for o in data if o not in set(loose)]
+    if sum(sizes[o] for o in small + new_commits) <= ONE_PACK_MAX:
+        groups, last = [], small + new_commits  # read whole by any fetch anyway
+    else:  # the history (manifests, commits) apart: a clone reads it whole, lazy or not
+        groups = _split([o for o in small if kinds[o] == "tensor"], sizes)
+        last = [o for o in small if kinds[o] != "tensor"] + new_commits
 
     def send(oid: ObjectId) -> None:
-        loose = repo.objects.loose_path(oid)  # big tensors: streamed from their file
-        if loose is not None:
-            store.put_file(object_key(oid), loose)
-        else:  # packed: its bytes, read by id
+        path = repo.objects.loose_path(oid)  # big tensors: streamed from their file
+        if path is not None:
+            store.put_file(object_key(oid), path)
+        else:  # packed here: its bytes, read by id
             store.put(object_key(oid), repo.objects.read_raw(oid))
         progress.advance(sizes[oid])
 
+    def send_pack(ids: list[ObjectId]) -> None:
+        name, data_, entries = pack.build_bytes((o, repo.objects.read_raw(o)) for o in ids)
+        if pack_key(name) not in packs.sizes:  # else a rerun: that very pack is there
+            store.put(pack_key(name), data_)
+        packs.add(name, data_, entries)
+        progress.advance(sum(sizes[o] for o in ids))
+
+    def send_any(job: ObjectId | list[ObjectId]) -> None:
+        send_pack(job) if isinstance(job, list) else send(job)
+
     try:
-        # Biggest first keeps every worker busy until the end.
-        _pool_map(send, sorted(data, key=lambda o: -sizes[o]), jobs)
-        for o in data:
+        # The tensors (loose ones, and their packs when apart) in parallel; then the pack
+        # with the commits, only after all the data they name; the ref moves last.
+        _pool_map(send_any, [*loose, *groups], jobs)
+        if not PUSH_PACKS:
+            _pool_map(send, new_commits, jobs)
+        elif last:
+            send_pack(last)
+        for o in data + new_commits:
             result.objects[kinds[o]] += 1
             result.bytes += sizes[o]
-        # Commits only after all the data they name; the ref moves after all commits.
-        _pool_map(send, new_commits, jobs)
-        result.objects["commit"] += len(new_commits)
-        result.bytes += sum(sizes[c] for c in new_commits)
     finally:
         progress.end()
+
+
+def _split(ids: list[ObjectId], sizes: dict[ObjectId, int]) -> list[list[ObjectId]]:
+    """`ids` in groups of at most about PACK_SPLIT bytes."""
+    groups: list[list[ObjectId]] = [[]]
+    total = 0
+    for o in ids:
+        if groups[-1] and total + sizes[o] > PACK_SPLIT:
+            groups.append([])
+            total = 0
+        groups[-1].append(o)
+        total += sizes[o]
+    return [g for g in groups if g]
 
 
 def _manifest(repo: Repo, commit: ObjectId) -> Manifest:
@@ -438,8 +515,9 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     if not remote_refs:
         check_remote(store, doing="fetch from")
     lazy = metadata_only or bool(repo.config.get("core", "partial"))
-    commits, new_commits = _walk_history(repo, store, remote_refs, jobs)
-    manifests, new_manifests = _complete_manifests(repo, store, commits, jobs)
+    reader = _reader(repo, store, jobs)  # lists the packs at the first object it needs
+    commits, new_commits = _walk_history(repo, reader, remote_refs, jobs)
+    manifests, new_manifests = _complete_manifests(repo, reader, commits, jobs)
     _check_tensor_kinds(repo, manifests, set(commits) | set(manifests))
     if not lazy:
         pruned = repo.pruned()
@@ -452,7 +530,7 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
                     wanted[entry.id] = entry.nbytes
         fetch_objects(repo, store, list(wanted), jobs=jobs, progress=progress,
                       sizes={o: n + HEADER_SIZE for o, n in wanted.items()}, result=result,
-                      expect={o: ("tensor", n) for o, n in wanted.items()})
+                      expect={o: ("tensor", n) for o, n in wanted.items()}, reader=reader)
     with repo.objects.batch():  # one pack: every manifest and commit appear at once
         for m, raw in new_manifests.items():
             _store_raw(repo, m, raw)
@@ -478,12 +556,13 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     return result
 
 
-def _walk_history(repo: Repo, store: RemoteStore, remote_refs: dict[str, ObjectId],
+def _walk_history(repo: Repo, reader: PackReader, remote_refs: dict[str, ObjectId],
                   jobs: int) -> tuple[dict[ObjectId, Commit], dict[ObjectId, bytes]]:
     """Every commit behind the remote's refs, parsed, wave by wave: local ones read here
-    (their parents are checked too, never assumed), missing ones downloaded and verified.
+    (their parents are checked too, never assumed), missing ones downloaded and verified
+    (a small pack holding one is read whole, so its other commits cost nothing more).
     Returns (all commits, raw bytes of the downloaded ones)."""
-    where = redact(store.url)
+    where = redact(reader.store.url)
     commits: dict[ObjectId, Commit] = {}
     new: dict[ObjectId, bytes] = {}
     named_by = {oid: f"remote ref {short_ref(ref)}" for ref, oid in remote_refs.items()}
@@ -491,7 +570,7 @@ def _walk_history(repo: Repo, store: RemoteStore, remote_refs: dict[str, ObjectI
     while wave:
         missing = [c for c in wave if not repo.objects.has(c)]
         raws = dict(zip(missing, _pool_map(
-            lambda c: _download(store, c, limit=MAX_COMMIT_BYTES, what="commit"), missing,
+            lambda c: _download(reader, c, limit=MAX_COMMIT_BYTES, what="commit"), missing,
             jobs), strict=True))
         for oid in wave:
             if oid in raws:
@@ -543,15 +622,16 @@ def _check_tensor_kinds(repo: Repo, manifests: dict[ObjectId, Manifest],
                                                      else "") + "; refusing it")
 
 
-def _complete_manifests(repo: Repo, store: RemoteStore, commits: dict[ObjectId, Commit],
+def _complete_manifests(repo: Repo, reader: PackReader, commits: dict[ObjectId, Commit],
                         jobs: int) -> tuple[dict[ObjectId, Manifest], dict[ObjectId, bytes]]:
     """The manifest of every commit: local ones read, missing ones downloaded, each parsed
     (which checks every tensor entry's shape, dtype and size agree)."""
-    where = redact(store.url)
+    where = redact(reader.store.url)
     wanted = list(dict.fromkeys(c.manifest for c in commits.values()))
     missing = [m for m in wanted if not repo.objects.has(m)]
+    reader.prefetch(missing, dict.fromkeys(missing, MAX_MANIFEST_BYTES))
     raws = dict(zip(missing, _pool_map(
-        lambda m: _download(store, m, "manifest", limit=MAX_MANIFEST_BYTES, what="manifest"),
+        lambda m: _download(reader, m, "manifest", limit=MAX_MANIFEST_BYTES, what="manifest"),
         missing, jobs), strict=True))
     manifests: dict[ObjectId, Manifest] = {}
     for m in wanted:
@@ -564,23 +644,32 @@ def _complete_manifests(repo: Repo, store: RemoteStore, commits: dict[ObjectId, 
     return manifests, raws
 
 
+FETCH_BATCH = 64 << 20  # packed bytes read ahead (and held) at a time
+
+
 def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
                   jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
                   sizes: dict[ObjectId, int] | None = None,
                   result: TransferResult | None = None,
-                  expect: dict[ObjectId, tuple[str, int]] | None = None) -> None:
+                  expect: dict[ObjectId, tuple[str, int]] | None = None,
+                  reader: PackReader | None = None) -> None:
     """Download objects by id (verifying each before it is written; `expect` gives the
-    kind and payload size a manifest promised for some of them)."""
+    kind and payload size a manifest promised for some of them). Packed ones are read
+    a whole small pack or a few ranges at a time; a promised size caps each read."""
     progress = progress or NoProgress()
     ids = [o for o in dict.fromkeys(ids) if is_object_id(o) and not repo.objects.has(o)]
     if not ids:
         return
+    reader = reader or _reader(repo, store, jobs)
+    limits = {o: n + HEADER_SIZE for o, (k, n) in (expect or {}).items()
+              if k == "tensor" and isinstance(n, int)}
     progress.begin(f"fetch {redact(store.url)}", sum((sizes or {}).get(o, 0) for o in ids),
                    len(ids))
 
     def get(oid: ObjectId) -> int:
         kind, nbytes = (expect or {}).get(oid, (None, None))
-        raw = _download(store, oid, kind)
+        raw = _download(reader, oid, kind, limits.get(oid),
+                        "tensor" if oid in limits else "object", limit_loose=False)
         if nbytes is not None and len(raw) - HEADER_SIZE != nbytes:
             raise CorruptObjectError(f"{kind} {oid[:12]} from {redact(store.url)} has "
                                      f"{len(raw) - HEADER_SIZE} bytes but its manifest says "
@@ -589,15 +678,38 @@ def fetch_objects(repo: Repo, store: RemoteStore, ids: list[ObjectId], *,
         progress.advance(len(raw))
         return len(raw)
 
+    got: list[int] = []
     try:
         with repo.objects.batch():  # the small ones land in one pack
-            got = _pool_map(get, ids, jobs)
+            for chunk in _chunks(ids, reader.packs, FETCH_BATCH):
+                reader.prefetch([o for o in chunk if o in limits], limits, "tensor")
+                reader.prefetch([o for o in chunk if o not in limits], {})
+                got += _pool_map(get, chunk, jobs)
     finally:
         progress.end()
     repo.objects.sync()
     if result is not None:
         result.objects["tensor"] += len(got)
         result.bytes += sum(got)
+
+
+def _chunks(ids: list[ObjectId], packs: RemotePacks, limit: int) -> list[list[ObjectId]]:
+    """`ids` in pack order, in chunks of at most about `limit` packed bytes."""
+    def place(o: ObjectId) -> tuple[str, int]:
+        where = packs.where(o)
+        return (where[0], where[1]) if where else ("", 0)
+
+    chunks: list[list[ObjectId]] = [[]]
+    total = 0
+    for o in sorted(ids, key=place):
+        where = packs.where(o)
+        size = where[2] if where else 0
+        if chunks[-1] and total + size > limit:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(o)
+        total += size
+    return chunks
 
 
 # ------------------------------------------------------------------------------ pull / clone

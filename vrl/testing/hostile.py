@@ -544,6 +544,8 @@ class HostileRemote:
             # small caps, so oversized metadata is cheap to forge on every backend
             mp.setattr(transfer_module, "MAX_COMMIT_BYTES", 1 << 16)
             mp.setattr(transfer_module, "MAX_MANIFEST_BYTES", 1 << 16)
+            # these attacks edit loose objects (packs: tests/remote/test_hostile_packs.py)
+            mp.setattr(transfer_module, "PUSH_PACKS", False)
             attack, dst = stack.enter_context(self._world(tmp, remote))
             dry = Counter()
             self._trial(tmp, remote, attack, lambda a: None, dst, dry)  # untouched: all ok

@@ -70,11 +70,17 @@ class FailingStore(RemoteStore):
         self._tick()
         self.inner.put_file(key, local)
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self.inner.get_range(key, start, end)
+
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 
     def list(self, prefix: str) -> list[str]:
         return self.inner.list(prefix)
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        return self.inner.list_sizes(prefix)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
@@ -109,6 +115,42 @@ def make_history(repo: Repo, commits: int = 3, seed: int = 0, width: int = 64) -
         ids.append(repo.commit(state, message=f"commit {i} seed {seed}", step=i, env=False,
                                metrics={"return": float(i)}))
     return ids
+
+
+def make_big_history(repo: Repo, commits: int = 4) -> list[ObjectId]:
+    """Commits where two of the tensors are big (sent loose) and one is small (packed):
+    each commit changes one big tensor and the small one (4 commits: 5 big tensors)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    big = 300_000  # 1.2 MB: over the remote pack threshold
+    state = {"big0": torch.randn(big, generator=gen), "big1": torch.randn(big, generator=gen),
+             "small": torch.randn(100, generator=gen)}
+    ids = []
+    for i in range(commits):
+        state = {**state, f"big{i % 2}": state[f"big{i % 2}"] + 1, "small": state["small"] + 1}
+        ids.append(repo.commit(state, message=f"big {i}", step=i, env=False))
+    return ids
+
+
+def remote_object(store: RemoteStore, oid: ObjectId) -> tuple[str, int, int]:
+    """Where the remote keeps `oid`: (key, offset, length) in a pack, else its loose key."""
+    from vrl.remote.packs import RemotePacks
+
+    where = RemotePacks(store).load().where(oid)
+    if where is not None:
+        return where
+    return object_key(oid), 0, len(store.get(object_key(oid)))
+
+
+def flip_remote_byte(store: RemoteStore, oid: ObjectId, at: int, mask: int = 0xFF) -> None:
+    """Damage one byte (`at`: an index into the object's bytes, negative from its end) of
+    an object on a remote, wherever it is kept (in a pack, the pack's index stays valid:
+    only the object's hash check can notice)."""
+    key, offset, length = remote_object(store, oid)
+    data = bytearray(store.get(key))
+    data[offset + (at % length)] ^= mask
+    store.put(key, bytes(data))
 
 
 def object_files(repo: Repo) -> dict[str, bytes]:
@@ -287,15 +329,23 @@ class RemoteConformance:
     def test_interrupted_push_resumes_without_resending(self, tmp_path: Path,
                                                         remote: RemoteCase) -> None:
         src = self.repo_with_remote(tmp_path / "src", remote)
-        make_history(src, 4)
-        failing = FailingStore(self.store(src), after=5)
-        with pytest.raises(RemoteError):
-            push(src, failing, "origin", jobs=1)
-        store = self.store(src)
-        assert store.read_ref("refs/heads/main")[0] is None  # no ref to a partial history
+        make_big_history(src, 4)  # 5 big tensors (loose), then one pack with the rest
         total = len(src.reachable(include_reflog=False))
+        # cut after 3 of the big tensors; the rerun sends the 2 others, then is cut at the
+        # pack; the third run sends only the pack
+        store = self.store(src)
+        for after in (3, 2):
+            failing = FailingStore(store, after=after)
+            with pytest.raises(RemoteError):
+                push(src, failing, "origin", jobs=1)
+            assert failing.puts == after + 1
+            assert store.read_ref("refs/heads/main")[0] is None  # no ref to a partial history
+            assert store.list_sizes("objects/pack/") == {}  # the pack is all or nothing
+        assert len(store.list_sizes("objects/")) == 5
         done = push(src, store, "origin")
         assert sum(done.objects.values()) == total - 5
+        assert done.objects == {"tensor": 4, "manifest": 4, "commit": 4}
+        assert len(store.list_sizes("objects/pack/")) == 1
         dst = clone(remote.url, tmp_path / "dst", options=remote.options)
         assert dst.fsck()["ok"] and dst.head() == src.head()
 
@@ -304,7 +354,7 @@ class RemoteConformance:
         if remote.kill_server is None or remote.restart_server is None:
             pytest.skip("this backend has no server to kill")
         src = self.repo_with_remote(tmp_path / "src", remote)
-        make_history(src, 4)
+        make_big_history(src, 4)
         failing = FailingStore(self.store(src), after=4, on_fail=remote.kill_server)
         start = time.monotonic()
         try:
@@ -334,9 +384,7 @@ class RemoteConformance:
         bad = sorted({e.id for e in head.tensors.values()} -
                      {e.id for e in parent.tensors.values()})[0]
         store = self.store(src)
-        raw = bytearray(store.get(object_key(bad)))
-        raw[-1] ^= 0xFF
-        store.put(object_key(bad), bytes(raw))
+        flip_remote_byte(store, bad, -1)
         before = set(dst.objects.ids())
         tracking = dst.refs.read("refs/remotes/origin/main")
         with pytest.raises(CorruptObjectError, match=bad):
@@ -438,15 +486,12 @@ class RemoteConformance:
         manifest = src.read_manifest(src.read_commit(ids[0]).manifest)
         bad = max(manifest.tensors.values(), key=lambda e: e.nbytes).id
         store = self.store(src)
-        raw = bytearray(store.get(object_key(bad)))
-        raw[HEADER_SIZE] ^= 0x01  # one flipped bit in the tensor's bytes
-        store.put(object_key(bad), bytes(raw))
+        flip_remote_byte(store, bad, HEADER_SIZE, 0x01)  # one flipped bit in its bytes
         with pytest.raises(CorruptObjectError, match=bad):
             lazy.load(ids[0])
         assert not lazy.objects.has(bad)
         assert lazy.fsck()["ok"]
-        raw[HEADER_SIZE] ^= 0x01  # the remote repaired: the same load now works
-        store.put(object_key(bad), bytes(raw))
+        flip_remote_byte(store, bad, HEADER_SIZE, 0x01)  # repaired: the same load now works
         assert_bit_exact(src, lazy, ids[0])
 
     def test_push_to_nothing_needs_create(self, tmp_path: Path, remote: RemoteCase) -> None:

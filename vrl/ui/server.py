@@ -57,21 +57,21 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "vrl-ui"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib name)
+    def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
 
-    def do_HEAD(self) -> None:  # noqa: N802 (stdlib name)
+    def do_HEAD(self) -> None:
         self._serve(body=False)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._serve(body=True)
 
     def _refuse(self) -> None:
         self._send(HTTPStatus.METHOD_NOT_ALLOWED, b"read-only\n", "text/plain", True,
                    {"Allow": "GET, HEAD"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
     def _serve(self, body: bool) -> None:
         if not self.server.host_allowed(self.headers.get("Host", "")):

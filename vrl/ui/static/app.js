@@ -54,6 +54,11 @@
     return parts.join("&");
   }
   async function api(route, params) {
+    if (REPORT && params) {  // the report keys commit pages by id: resolve names first
+      const named = Object.assign({}, state.summary ? state.summary.tags : {},
+                                  state.summary ? state.summary.branches : {});
+      if (route === "commit" && named[params.rev]) params = { rev: named[params.rev] };
+    }
     const key = route + (params && Object.keys(params).length ? "?" + qs(params) : "");
     if (REPORT) {
       if (!(key in REPORT.api)) throw new Error("not included in this report: " + key);
@@ -488,10 +493,13 @@
   async function render() {
     const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
     const name = parts[0] in VIEWS ? parts[0] : "";
+    // a revision may hold slashes (origin/exp, best/run-1): one-argument views take the rest
+    const args = name === "commit" || name === "heatmap" ? [parts.slice(1).join("/")].filter(Boolean)
+      : parts.slice(1);
     document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active",
       a.dataset.view === (name === "" ? "graph" : name === "commit" ? "" : name)));
     try {
-      await VIEWS[name](...parts.slice(1));
+      await VIEWS[name](...args);
       main.dataset.view = name || "graph";
       main.dataset.version = state.version;
     } catch (err) { showError(err); }

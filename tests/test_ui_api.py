@@ -235,6 +235,17 @@ def test_report_of_chosen_revs_only(hist):
     assert api["summary"]["metrics"] == ["return"]
 
 
+def test_report_of_a_long_history_keeps_the_key_commit_pages(hist, monkeypatch):
+    import vrl.ui.report as report
+
+    monkeypatch.setattr(report, "MAX_COMMIT_PAGES", 4)
+    api = report.bundle(hist, [])
+    pages = {k.split("=")[1] for k in api if k.startswith("commit?")}
+    # labelled (main, exp), the branch point (main~1), the first after it on each side
+    assert pages == {hist.resolve(r) for r in ("main", "exp", "main~1", "exp~1")}
+    assert len(api["graph"]["commits"]) == 5  # the graph still shows every commit
+
+
 def test_report_cli_writes_the_file(hist, capsys, monkeypatch):
     monkeypatch.chdir(hist.workdir)
     code, _, err = vrl(capsys, "report", "main", "exp", "-o", "out.html")

@@ -81,6 +81,7 @@ class Api:
         self.repo = repo
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str, tuple], Any] = OrderedDict()
+        self._labels: tuple[str, dict[str, list[dict[str, str]]]] | None = None
         self.routes: dict[str, Callable[[dict[str, list[str]]], Any]] = {
             "summary": self.summary, "version": lambda p: {"version": self.version()},
             "graph": self.graph, "compare": self.compare, "curves": self.curves,
@@ -116,6 +117,12 @@ class Api:
 
     def labels(self) -> dict[str, list[dict[str, str]]]:
         """Commit id -> its refs as {name, kind} (kind: head, branch, remote, tag)."""
+        version = self.version()
+        if self._labels is None or self._labels[0] != version:
+            self._labels = (version, self._read_labels())
+        return self._labels[1]
+
+    def _read_labels(self) -> dict[str, list[dict[str, str]]]:
         current = self.repo.refs.head_target()
         out: dict[str, list[dict[str, str]]] = {}
         for ref, oid in sorted(self.repo.refs.list().items()):
@@ -172,8 +179,13 @@ class Api:
 
     def heatmap(self, params: dict[str, list[str]]) -> dict[str, Any]:
         data = views.layer_heatmap(self.repo, _one(params, "rev"))
-        return {k: data[k] for k in ("name", "id", "layers", "commits", "values", "frozen",
-                                     "material", "threshold", "max")}
+        # three significant digits are all a colour shows: a third of the bytes to send
+        values = [[None if v is None else float(f"{v:.3g}") for v in row]
+                  for row in data["values"]]
+        commits = [{"id": c["id"], "step": c["step"]} for c in data["commits"]]
+        return {"name": data["name"], "id": data["id"], "layers": data["layers"],
+                "commits": commits, "values": values, "frozen": data["frozen"],
+                "threshold": data["threshold"], "max": data["max"]}
 
     def commit(self, params: dict[str, list[str]]) -> dict[str, Any]:
         d = _finite(views.commit_detail(self.repo, _one(params, "rev")))

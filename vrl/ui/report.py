@@ -2,7 +2,8 @@
 
 The page, its script, uPlot and every API answer the page can ask for (for the chosen
 runs: summary, graph, compare, each metric's curve per run, each run's heatmap, the
-details of every commit shown, and the diff of each run against the first) are inlined,
+details of the commits shown (of a long history: the labelled ones, branch points and the
+newest of each run), and the diff of each run against the first) are inlined,
 so the file opens offline, from an e-mail or an issue, with no server.
 """
 
@@ -19,7 +20,7 @@ from vrl.repo import Repo
 from vrl.ui.api import Api
 from vrl.ui.server import asset
 
-MAX_COMMIT_PAGES = 5000  # beyond this the report links to the runs' newest commits only
+MAX_COMMIT_PAGES = 300
 
 
 def _key(route: str, **params: Any) -> str:
@@ -56,11 +57,35 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
                 {"metric": [metric], "rev": [name]})
     for name in names:
         out[_key("heatmap", rev=name)] = api.heatmap({"rev": [name]})
-    for c in graph["commits"][:MAX_COMMIT_PAGES]:
-        out[_key("commit", rev=c["id"])] = api.commit({"rev": [c["id"]]})
+    for oid in _commit_pages(repo, graph["commits"], [r["id"] for r in runs]):
+        out[_key("commit", rev=oid)] = api.commit({"rev": [oid]})
     for name in names[1:]:
         out[_key("diff", a=names[0], b=name)] = api.diff({"a": [names[0]], "b": [name]})
     return out
+
+
+def _commit_pages(repo: Repo, commits: list[dict[str, Any]], heads: list[str]) -> list[str]:
+    """The commits whose pages a report holds: all of a small history; of a large one the
+    labelled commits (heads, tags), branch points and the first snapshot after each, then
+    the newest of each run, up to MAX_COMMIT_PAGES (a page is ~1-30 kB)."""
+    if len(commits) <= MAX_COMMIT_PAGES:
+        return [c["id"] for c in commits]
+    children: dict[str, int] = {}
+    for c in commits:
+        for p in c["parents"]:
+            children[p] = children.get(p, 0) + 1
+    forks = {oid for oid, n in children.items() if n > 1}
+    chosen = dict.fromkeys(c["id"] for c in commits if c["refs"] or c["id"] in forks or
+                           any(p in forks for p in c["parents"][:1]))
+    history = views.History(repo)
+    lines = [list(reversed(history.line(h))) for h in heads]
+    depth = 0
+    while len(chosen) < MAX_COMMIT_PAGES and any(depth < len(line) for line in lines):
+        for line in lines:
+            if depth < len(line) and len(chosen) < MAX_COMMIT_PAGES:
+                chosen.setdefault(line[depth])
+        depth += 1
+    return list(chosen)[:MAX_COMMIT_PAGES]
 
 
 def _script_json(data: Any) -> str:

@@ -61,7 +61,11 @@
     }
     const key = route + (params && Object.keys(params).length ? "?" + qs(params) : "");
     if (REPORT) {
-      if (!(key in REPORT.api)) throw new Error("not included in this report: " + key);
+      if (!(key in REPORT.api)) {
+        throw new Error(route === "commit"
+          ? `This report holds the pages of the labelled commits, branch points and the newest snapshots of each run; \`vrl show ${params.rev}\` shows this one.`
+          : "not included in this report: " + key);
+      }
       return REPORT.api[key];
     }
     const response = await fetch("/api/" + key, { cache: "no-store" });
@@ -265,6 +269,7 @@
       axes: [{ label: state.xaxis === "step" ? "step" : "" }, { label: metric, size: 70 }],
       cursor: { drag: { x: true, y: false } },
     }, data, box);
+    state.curvesAt = performance.now();
   }
 
   // ------------------------------------------------------------------ compare
@@ -394,6 +399,11 @@
   }
 
   // ------------------------------------------------------------------ heatmap
+  const HEAT_LUT = Array.from({ length: 256 }, (_, i) => heatColor(Math.pow(10, -6 + 6 * i / 255)));
+  function heatColorFast(rel) {
+    const i = Math.round((Math.log10(rel) + 6) / 6 * 255);
+    return HEAT_LUT[i < 0 ? 0 : i > 255 ? 255 : i];
+  }
   function heatColor(rel) {
     // log10(rel) from -6 (blue, hardly moved) to 0 (yellow, moved as much as its norm)
     const t = Math.min(1, Math.max(0, (Math.log10(rel) + 6) / 6));
@@ -446,7 +456,7 @@
       const row = h.values[i], frozen = frozenSets[i];
       for (let j = 0; j < nc; j++) {
         const v = row[j], x = labelW + j * cw, y = i * ch;
-        ctx.fillStyle = isNum(v) && v > 0 ? heatColor(v) : "#eaeef2";
+        ctx.fillStyle = isNum(v) && v > 0 ? heatColorFast(v) : "#eaeef2";
         ctx.fillRect(x, y, Math.max(1, cw - (cw > 4 ? 1 : 0)), ch - 1);
         if (frozen.has(j)) {
           frozenCells++;
@@ -501,6 +511,7 @@
     try {
       await VIEWS[name](...args);
       main.dataset.view = name || "graph";
+      state.renderedAt = performance.now();  // read by bench/ui_bench.py
       main.dataset.version = state.version;
     } catch (err) { showError(err); }
   }

@@ -71,6 +71,7 @@ def test_runs_and_branch_points(hist):
     assert rows["main"]["branch_point"] is None
     assert rows["main"]["snapshots"] == rows["main"]["own"] == 5
     point = rows["exp"]["branch_point"]
+    assert point["seconds"] == views.seconds(at(2))
     assert (point["id"], point["run"], point["step"], point["index"]) == \
         (ids["main"][2], "main", 20, 2)
     assert (rows["exp"]["snapshots"], rows["exp"]["own"]) == (6, 3)
@@ -291,3 +292,31 @@ print(json.dumps(out, allow_nan=False))
     assert len(got["graph"]["commits"]) == 9
     assert [p[2] for p in by_name(got["curves"])["origin/exp"]["points"]] == \
         [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
+
+
+def test_commits_read_without_their_statistics_match_the_full_read(hist):
+    """The fast path parses a commit without its layer statistics; a commit whose bytes
+    would fool the cut (a nested `],"stats":` inside the statistics) or that is not
+    canonical JSON is read whole; either way the fields are the full read's."""
+    repo, ids = hist
+    from vrl.objects import Commit
+
+    tricky = Commit(manifest=repo.read_commit(ids["main"][0]).manifest,
+                    parents=(ids["main"][-1],), message='],"stats":{} "x"', author="a",
+                    time=at(30), hparams={"p": [1], "stats": {"q": [2]}},
+                    metrics={"return": 1.0}, step=7,
+                    stats={"layers": {"model/l0": {"rel": 0.5, "material": True,
+                                                   "sb": [], "stats": {"z": []}}},
+                           "parent": ids["main"][-1]})
+    payload = tricky.to_bytes()
+    assert payload.rfind(b'],"stats":') > payload.index(b'"stats":{"layers"')  # the trap
+    cid = repo.objects.write("commit", payload)
+    pretty = json.dumps(tricky.to_json(), indent=1).encode()
+    pid = repo.objects.write("commit", pretty)
+    for oid in (cid, pid, *ids["exp"]):
+        history = views.History(repo)
+        light, full = history.commit(oid), repo.read_commit(oid)
+        assert light == Commit(**{**full.__dict__, "stats": {}})
+        want = {k: (v.get("rel"), v.get("material")) for k, v in full.stats["layers"].items()}
+        assert history.layers(oid) == want
+    assert views.split_stats(payload) is not None and views.split_stats(pretty) is None

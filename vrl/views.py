@@ -15,9 +15,11 @@ along first parents to the root. Its metrics, curves and heatmap are along that 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -40,6 +42,7 @@ class ViewError(VrlError, ValueError):
     """A view was asked for something the repository does not hold (a metric, a column)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def lower_is_better(metric: str) -> bool:
     """Whether the best value of `metric` is its smallest (losses, errors, KL, times)."""
     return _LOWER_IS_BETTER.search(metric) is not None
@@ -109,16 +112,106 @@ def first_line(text: str) -> str:
 # ---------------------------------------------------------------------------- history
 
 
+# The tail of a canonical commit: its keys are sorted, so the statistics (most of its
+# bytes: a dict per layer) come last but for the step and the time.
+_TAIL = re.compile(rb',"step":(?:-?[0-9]+|null),"time":"[^"\\]*"\}\Z')
+_STATS_KEY = b'],"stats":'  # after the parents list
+
+
+def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
+    """(the commit without its statistics, the statistics' JSON) of a canonical commit
+    payload, or None where its bytes are not laid out that way.
+
+    Parsing a commit without its statistics is several times faster, and only the
+    heatmap and a commit's details need them. The cut is taken at the last `],"stats":`
+    before the tail: a match inside a nested value leaves brackets unclosed (the tail
+    closes one level), so a commit the cut misreads is never valid JSON - the caller
+    then parses it whole.
+    """
+    tail = _TAIL.search(payload)
+    if tail is None:
+        return None
+    key = payload.rfind(_STATS_KEY, 0, tail.start())
+    if key < 0:
+        return None
+    start = key + len(_STATS_KEY)
+    return payload[:start] + b"{}" + payload[tail.start():], payload[start:tail.start()]
+
+
 class History:
-    """One call's view of the history: each commit object is read once (the repository
-    caches parsed commits) and each run's first-parent line is walked once."""
+    """Commits as the views read them: each object read and parsed once, without its
+    layer statistics (`layers` reads those for the heatmap); first-parent lines walked
+    once. Kept per open repository (commits never change), so a long-lived server that
+    holds its `Repo` reads each commit once in all."""
+
+    _by_repo: weakref.WeakKeyDictionary[Repo, History] = weakref.WeakKeyDictionary()
 
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
+        self._commits: dict[ObjectId, Commit] = {}
+        self._layers: dict[ObjectId, dict[str, tuple[float | None, bool]]] = {}
         self._lines: dict[ObjectId, list[ObjectId]] = {}
+        # {metrics asked for: {commit: (last, best) up to it}}, see _metric_summary
+        self.summaries: dict[frozenset[str] | None, dict[ObjectId, tuple[dict, dict]]] = {}
+
+    @classmethod
+    def of(cls, repo: Repo) -> History:
+        history = cls._by_repo.get(repo)
+        if history is None:
+            history = cls._by_repo[repo] = cls(repo)
+        return history
+
+    def _payload(self, oid: ObjectId) -> bytes | None:
+        try:
+            kind, payload = self.repo.objects.read(oid)
+        except VrlError:  # missing (a lazy fetch), corrupt: the full read says why
+            return None
+        return payload if kind == "commit" else None
 
     def commit(self, oid: ObjectId) -> Commit:
-        return self.repo.read_commit(oid)
+        """The commit `oid` (its `stats` empty: see `layers`)."""
+        commit = self._commits.get(oid)
+        if commit is None:
+            payload = self._payload(oid)
+            parts = split_stats(payload) if payload is not None else None
+            try:
+                commit = Commit.from_bytes(parts[0]) if parts else None
+            except VrlError:
+                commit = None
+            if commit is None:  # not canonical, or not readable here: the full path
+                full = self.repo.read_commit(oid)
+                commit = Commit(**{**full.__dict__, "stats": {}})
+            self._commits[oid] = commit
+        return commit
+
+    def layers(self, oid: ObjectId) -> dict[str, tuple[float | None, bool]]:
+        """{layer: (relative change against the first parent or None, material)} as the
+        commit stores them ({} where it stores none for its first parent)."""
+        if oid not in self._layers:
+            commit = self.commit(oid)
+            payload = self._payload(oid)
+            parts = split_stats(payload) if payload is not None else None
+            stats: Any = None
+            if parts is not None:
+                try:
+                    stats = json.loads(parts[1])
+                except (ValueError, RecursionError):
+                    stats = None
+            if not isinstance(stats, dict):
+                stats = self.repo.read_commit(oid).stats
+            out: dict[str, tuple[float | None, bool]] = {}
+            layers = stats.get("layers")
+            parent = commit.parents[0] if commit.parents else None
+            if isinstance(layers, dict) and stats.get("parent") == parent:
+                isfinite = math.isfinite
+                for name, entry in layers.items():
+                    if entry.__class__ is dict:  # the hot loop: type tests, not isinstance
+                        rel = entry.get("rel")
+                        cls = rel.__class__
+                        ok = (cls is float and isfinite(rel)) or cls is int
+                        out[name] = (rel if ok else None, entry.get("material") is True)
+            self._layers[oid] = out
+        return self._layers[oid]
 
     def has(self, oid: ObjectId) -> bool:
         try:
@@ -226,20 +319,26 @@ def _branch_points(history: History, heads: list[ObjectId], names: list[str]
         else:
             i, s = best
             oid = line[i]
-            out.append({"id": oid, "run": names[s], "step": history.commit(oid).step,
-                        "index": i})
+            commit = history.commit(oid)
+            out.append({"id": oid, "run": names[s], "step": commit.step, "index": i,
+                        "seconds": seconds(commit.time)})
     return out
 
 
 def _metric_summary(history: History, line: list[ObjectId], names: Iterable[str] | None
                     ) -> dict[str, dict[str, Any]]:
     """Per metric along a line: the last value (and its step) and the best finite value
-    (and its step); best is the largest, or the smallest for lower-is-better metrics."""
-    last: dict[str, tuple[Any, Any]] = {}
-    best: dict[str, tuple[float, Any]] = {}
-    wanted = set(names) if names is not None else None
-    minimise: dict[str, bool] = {}
-    for oid in line:
+    (and its step); best is the largest, or the smallest for lower-is-better metrics.
+
+    Runs share the history before their branch points: the summary up to each commit is
+    kept, so a shared prefix is summed up once."""
+    wanted = frozenset(names) if names is not None else None
+    memo = history.summaries.setdefault(wanted, {})
+    start = len(line)
+    while start and line[start - 1] not in memo:
+        start -= 1
+    last, best = (dict(d) for d in memo[line[start - 1]]) if start else ({}, {})
+    for oid in line[start:]:
         commit = history.commit(oid)
         for name, raw in commit.metrics.items():
             if wanted is not None and name not in wanted:
@@ -250,12 +349,11 @@ def _metric_summary(history: History, line: list[ObjectId], names: Iterable[str]
             last[name] = (value, commit.step)
             if not math.isfinite(value):
                 continue
-            low = minimise.get(name)
-            if low is None:
-                low = minimise[name] = lower_is_better(name)
             held = best.get(name)
-            if held is None or (value < held[0] if low else value > held[0]):
+            if held is None or (value < held[0] if lower_is_better(name)
+                                else value > held[0]):
                 best[name] = (value, commit.step)
+        memo[oid] = (dict(last), dict(best))
     return {name: {"last": _json_safe(value), "last_step": step,
                    "best": best[name][0] if name in best else None,
                    "best_step": best[name][1] if name in best else None}
@@ -266,9 +364,9 @@ def runs(repo: Repo, revs: Sequence[str] | None = None, all_tags: bool = False,
          metrics: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One dict per run: name, ref, id, step, time, message, snapshots (commits on its
     first-parent line), own (those after its branch point), branch_point ({id, run, step,
-    index} or None), hparams (flattened), env, metrics ({name: {last, last_step, best,
-    best_step}}, all metrics unless `metrics` names some)."""
-    history = History(repo)
+    index on the line, seconds} or None), hparams (flattened), metrics ({name: {last,
+    last_step, best, best_step}}: all metrics unless `metrics` names some)."""
+    history = History.of(repo)
     chosen = _select_runs(repo, revs, all_tags)
     heads = [oid for _, _, oid in chosen]
     points = _branch_points(history, heads, [name for name, _, _ in chosen])
@@ -375,7 +473,7 @@ def _known(rows: list[dict[str, Any]], key: str) -> bool:
 def metric_names(repo: Repo, revs: Sequence[str] | None = None) -> list[str]:
     """Every numeric metric recorded by a commit reachable from `revs` (default: the runs
     `runs()` shows, tags included), sorted naturally."""
-    history = History(repo)
+    history = History.of(repo)
     heads = [repo.resolve(r) for r in revs] if revs else \
         [oid for _, _, oid in _select_runs(repo, None, all_tags=True)]
     names: set[str] = set()
@@ -392,7 +490,7 @@ def curves(repo: Repo, metric: str, revs: Sequence[str] | None = None,
     along its first-parent line, oldest first. `step` is the commit's training step (its
     index on the line where it has none), `seconds` its wall-clock time since the epoch;
     commits without a finite value of `metric` are skipped. An error if no run has it."""
-    history = History(repo)
+    history = History.of(repo)
     chosen = _select_runs(repo, revs, all_tags)
     points = _branch_points(history, [oid for _, _, oid in chosen],
                             [name for name, _, _ in chosen])
@@ -457,45 +555,39 @@ def layer_heatmap(repo: Repo, rev: str = "HEAD", limit: int | None = None,
     comparable (added, reshaped) or no statistics. `prefix` picks layers by name (default:
     `model/` where the snapshots are training states, else all).
     """
-    history = History(repo)
+    history = History.of(repo)
     head = repo.resolve(rev)
     line = history.line(head)
     if limit is not None:
         if limit < 1:
             raise ViewError(f"limit must be at least 1, not {limit}")
         line = line[-limit:]
-    stats: list[dict[str, Any]] = []
+    stats = [history.layers(oid) for oid in line]
     seen: set[str] = set()
-    thresholds = []
-    for oid in line:
-        commit = history.commit(oid)
-        layers = commit.stats.get("layers") if commit.stats.get("parent") == \
-            (commit.parents[0] if commit.parents else None) else None
-        layers = layers if isinstance(layers, dict) else {}
-        stats.append(layers)
+    for layers in stats:
         seen.update(layers)
-        if isinstance(commit.stats.get("threshold"), (int, float)):
-            thresholds.append(commit.stats["threshold"])
     names = _layer_names(seen, prefix)
     values: list[list[float | None]] = [[] for _ in names]
     material: list[list[int]] = [[] for _ in names]
     frozen: list[list[int]] = [[] for _ in names]
     top = 0.0
+    frozen_rows: dict[tuple[str, ...], list[int]] = {}  # runs freeze the same layers often
+    missing = (None, False)
     for c, (oid, layers) in enumerate(zip(line, stats, strict=True)):
         held = history.commit(oid).meta.get("frozen_layers")
-        held = {f for f in held if isinstance(f, str)} if isinstance(held, list) else set()
+        held = tuple(f for f in held if isinstance(f, str)) if isinstance(held, list) else ()
+        if held not in frozen_rows:
+            frozen_rows[held] = [i for i, name in enumerate(names)
+                                 if _is_frozen(name, set(held))]
+        for i in frozen_rows[held]:
+            frozen[i].append(c)
         for i, name in enumerate(names):
-            entry = layers.get(name)
-            rel = number(entry.get("rel")) if isinstance(entry, dict) else None
-            if rel is not None and not math.isfinite(rel):
-                rel = None
+            rel, is_material = layers.get(name, missing)
             values[i].append(rel)
             if rel is not None and rel > top:
                 top = rel
-            if isinstance(entry, dict) and entry.get("material") is True:
+            if is_material:
                 material[i].append(c)
-            if held and _is_frozen(name, held):
-                frozen[i].append(c)
     commits = []
     for oid in line:
         commit = history.commit(oid)
@@ -503,7 +595,7 @@ def layer_heatmap(repo: Repo, rev: str = "HEAD", limit: int | None = None,
                         "message": first_line(commit.message)})
     return {"name": rev, "id": head, "layers": names, "commits": commits, "values": values,
             "frozen": frozen, "material": material,
-            "threshold": thresholds[-1] if thresholds else repo.threshold, "max": top}
+            "threshold": repo.threshold, "max": top}
 
 
 # ---------------------------------------------------------------------------- graph
@@ -520,7 +612,7 @@ def graph(repo: Repo) -> dict[str, Any]:
     edges never pass through another commit): draw it from (row, lane) to (row + 1,
     parent_lanes[k]), straight down, then into the parent.
     """
-    history = History(repo)
+    history = History.of(repo)
     labels = ref_names(repo)
     heads = list(labels)
     head = repo.head()

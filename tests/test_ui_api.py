@@ -124,6 +124,18 @@ def test_compare_rows_show_differing_hparams_and_last_best(hist):
     assert rows["exp"]["branch_point"] == "main@20"
 
 
+def test_warm_reads_every_commit_then_the_heatmap_data(hist):
+    from vrl import views
+
+    api = Api(hist)
+    api.warm().join(30)
+    assert api._busy == 0
+    every = {hist.resolve(f"main~{i}") for i in range(3)} | {hist.resolve("exp")}
+    assert every <= set(views.History.of(hist)._layers)  # read before anyone asked
+    assert api.get("heatmap", {"rev": ["main"]}) == Api(Repo(hist.workdir)).get(
+        "heatmap", {"rev": ["main"]})
+
+
 def test_bad_requests_are_errors_not_crashes(hist):
     api = Api(hist)
     with pytest.raises(ApiError, match="no such API route"):

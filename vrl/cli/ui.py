@@ -28,7 +28,7 @@ def ui(port: int, host: str, open_browser: bool, verbose: bool) -> None:
 
     repo = open_repo(".")
     server = make_server(repo, host, port, verbose)
-    server.api.get("graph", {})  # read every commit once now, so the first page is quick
+    server.api.warm()  # every commit now, layer statistics in the background
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: listening on {host}: anyone who can reach it can read this "
                    "repository's history and metrics", err=True)

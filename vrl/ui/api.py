@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from http import HTTPStatus
@@ -82,6 +83,8 @@ class Api:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str, tuple], Any] = OrderedDict()
         self._labels: tuple[str, dict[str, list[dict[str, str]]]] | None = None
+        self._busy = 0  # requests in progress (warm() waits while there are any)
+        self._busy_lock = threading.Lock()
         self.routes: dict[str, Callable[[dict[str, list[str]]], Any]] = {
             "summary": self.summary, "version": lambda p: {"version": self.version()},
             "graph": self.graph, "compare": self.compare, "curves": self.curves,
@@ -93,6 +96,16 @@ class Api:
         handler = self.routes.get(route)
         if handler is None:
             raise ApiError(f"no such API route {route[:50]!r}", HTTPStatus.NOT_FOUND)
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            return self._get(handler, route, params)
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+
+    def _get(self, handler: Callable[[dict[str, list[str]]], Any], route: str,
+             params: dict[str, list[str]]) -> Any:
         with self._lock:
             version = self.version()
             key = (version, route, tuple(sorted((k, tuple(v)) for k, v in params.items())))
@@ -104,6 +117,25 @@ class Api:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
             return data
+
+    def warm(self) -> threading.Thread:
+        """Read every commit now (the first page needs them all), then, in the background,
+        the layer statistics of every run's line (the heatmap's data, the slowest to read),
+        so that the first heatmap a user opens is as quick as the others. Views and this
+        thread only ever add the same immutable entries to the history cache."""
+        self.get("graph", {})
+
+        def layers() -> None:
+            history = views.History.of(self.repo)
+            for run in views.runs(self.repo, metrics=[]):
+                for oid in history.line(run["id"]):
+                    while self._busy:  # requests first: never compete for the GIL
+                        time.sleep(0.02)
+                    history.layers(oid)
+
+        thread = threading.Thread(target=layers, name="vrl-ui-warm", daemon=True)
+        thread.start()
+        return thread
 
     def version(self) -> str:
         """Changes whenever a ref or HEAD moves (a new commit, branch or tag)."""

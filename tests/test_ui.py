@@ -126,6 +126,8 @@ def console_errors(driver):
 
 def check_pages(driver, url, shots, runs, first_own, prefix=""):
     """Every view of the app at `url` over a repository whose runs are `runs`."""
+    from selenium.webdriver.support.ui import Select
+
     driver.get_log("browser")  # start with an empty console
     open_view(driver, url, "graph")
     text = driver.find_element("id", "graph").text
@@ -161,6 +163,9 @@ def check_pages(driver, url, shots, runs, first_own, prefix=""):
     driver.save_screenshot(str(shots / f"{prefix}curves.png"))
     driver.find_element("css selector", "input[name=xaxis][value=time]").click()
     wait(driver, "window.__vrl.chart && window.__vrl.chart.scales.x.time === true")
+    Select(driver.find_element("id", "metric")).select_by_value("losses/entropy")
+    wait(driver, "(document.getElementById('chart') || {dataset: {}}).dataset.metric"
+                 " === 'losses/entropy' && location.hash === '#/curves/losses%2Fentropy'")
 
     # heatmap: layers x snapshots, frozen cells marked
     open_view(driver, url + "#/heatmap/base", "heatmap")

@@ -204,15 +204,16 @@
       return last / (1 - Math.pow(weight, n));  // debiased EMA, as TensorBoard does
     });
   }
-  async function viewCurves() {
+  async function viewCurves(metric) {
     const s = state.summary;
+    if (metric) state.metric = metric;
     const branches = Object.keys(s.branches);
     if (!state.runs) state.runs = branches.slice(0, 10);
     if (!state.metric || !s.metrics.includes(state.metric)) state.metric = s.default_metric;
     const chartBox = el("div", { class: "chart", id: "chart" });
     const side = el("div", { class: "side" },
       el("h3", { text: "Metric" }),
-      el("select", { id: "metric", onchange: (ev) => { state.metric = ev.target.value; drawCurves(chartBox); } },
+      el("select", { id: "metric", onchange: (ev) => { location.hash = "#/curves/" + encodeURIComponent(ev.target.value); } },
          s.metrics.map((m) => el("option", { value: m, text: m, selected: m === state.metric }))),
       el("h3", { text: "Runs" }),
       branches.map((b) => el("label", {},
@@ -436,8 +437,8 @@
   function drawHeatmap(wrap, h) {
     const nl = h.layers.length, nc = h.commits.length;
     const labelW = Math.min(260, 12 + 7 * Math.max(4, ...h.layers.map((l) => l.length)));
-    const cw = Math.max(2, Math.min(22, Math.floor(((wrap.clientWidth || 1000) - labelW - 20) / Math.max(1, nc))));
-    const ch = nl > 80 ? 10 : 16;
+    const cw = Math.max(2, Math.min(36, Math.floor(((wrap.clientWidth || 1000) - labelW - 20) / Math.max(1, nc))));
+    const ch = nl > 80 ? 10 : nl > 20 ? 16 : 22;
     const W = labelW + cw * nc + 4, H = ch * nl + 24;
     const dpr = window.devicePixelRatio || 1;
     const canvas = el("canvas", { width: Math.ceil(W * dpr), height: Math.ceil(H * dpr),
@@ -504,7 +505,8 @@
     const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
     const name = parts[0] in VIEWS ? parts[0] : "";
     // a revision may hold slashes (origin/exp, best/run-1): one-argument views take the rest
-    const args = name === "commit" || name === "heatmap" ? [parts.slice(1).join("/")].filter(Boolean)
+    const args = name === "commit" || name === "heatmap" || name === "curves"
+      ? [parts.slice(1).join("/")].filter(Boolean)
       : parts.slice(1);
     document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active",
       a.dataset.view === (name === "" ? "graph" : name === "commit" ? "" : name)));

@@ -277,7 +277,7 @@ def test_ui_cli_port_in_use_is_one_line(hist, capsys, monkeypatch, server):
 
 
 def test_views_of_a_repository_never_import_torch(hist):
-    """Every API route and the report, in a process where importing torch fails."""
+    """Every API route and `vrl report`, in a process where importing torch fails."""
     script = f"""
 import sys
 sys.modules["torch"] = None  # any import of torch raises ImportError
@@ -291,6 +291,8 @@ for route, params in [("summary", {{}}), ("graph", {{}}), ("compare", {{}}),
                       ("diff", {{"a": ["main~1"], "b": ["main"]}})]:
     api.get(route, params)
 render(repo, [])
+from vrl.cli import main
+assert main(["-C", {str(hist.workdir)!r}, "report", "-o", "r.html"]) == 0
 print("ok")
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

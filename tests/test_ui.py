@@ -216,6 +216,17 @@ def test_ui_updates_when_a_commit_lands(trained, browser, shots, tmp_path):
                               f"JSON.parse(p)['lr-high'] === {before['lr-high'] + 1} && p; }})()")
         assert json.loads(after)["base"] == before["base"]
         browser.save_screenshot(str(shots / "live.png"))
+
+        # `vrl train` committing a new branch while the graph is open
+        open_view(browser, server.url, "graph")
+        rows = len(browser.find_elements("css selector", "#graph .row"))
+        vrl_cli(ws, ["train", *SMALL, "--steps", str(10 * STEPS), "--from", "lr-high",
+                     "--branch", "live-run"])
+        wait(browser, "document.getElementById('graph') && "
+                      "document.getElementById('graph').textContent.includes('live-run')",
+             timeout=15)
+        assert len(browser.find_elements("css selector", "#graph .row")) == rows + 2
+        browser.save_screenshot(str(shots / "live-graph.png"))
         assert console_errors(browser) == []
     finally:
         server.shutdown()

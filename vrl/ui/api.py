@@ -11,6 +11,7 @@ does.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 import time
@@ -57,6 +58,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _strict(data: Any) -> Any:
+    """`data` as strict JSON can hold it (NaN metrics, from commits or statistics, become
+    strings); the check is one C-speed encoding, the rewrite only where it fails."""
+    try:
+        json.dumps(data, allow_nan=False)
+    except ValueError:
+        return _finite(data)
+    return data
+
+
 def _redacted(value: Any) -> Any:
     if isinstance(value, str):
         return redact(value)
@@ -78,8 +89,10 @@ class Api:
     """Answers API routes over one repository. Calls are serialised (one lock) and their
     answers cached per refs version, so a page that polls costs a file listing."""
 
-    def __init__(self, repo: Repo) -> None:
+    def __init__(self, repo: Repo, live: bool = True) -> None:
+        """`live=False` (a report): the refs are read once, not before every answer."""
         self.repo = repo
+        self._fixed_version = None if live else self._read_version()
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str, tuple], Any] = OrderedDict()
         self._labels: tuple[str, dict[str, list[dict[str, str]]]] | None = None
@@ -112,7 +125,7 @@ class Api:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-            data = handler(params)
+            data = _strict(handler(params))
             self._cache[key] = data
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
@@ -139,6 +152,9 @@ class Api:
 
     def version(self) -> str:
         """Changes whenever a ref or HEAD moves (a new commit, branch or tag)."""
+        return self._fixed_version or self._read_version()
+
+    def _read_version(self) -> str:
         refs = sorted(self.repo.refs.list().items())
         text = repr((refs, self.repo.refs.read_raw("HEAD")))
         return hashlib.blake2s(text.encode(), digest_size=8).hexdigest()
@@ -220,7 +236,7 @@ class Api:
                 "threshold": data["threshold"], "max": data["max"]}
 
     def commit(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        d = _finite(views.commit_detail(self.repo, _one(params, "rev")))
+        d = views.commit_detail(self.repo, _one(params, "rev"))
         frozen = set(d["frozen_layers"])
         layers = _layer_rows(d["diff"], frozen)
         return {"id": d["id"], "parents": d["parents"], "refs": self.labels().get(d["id"], []),
@@ -232,7 +248,7 @@ class Api:
                 "summary": d["diff"].get("summary") if d["diff"] else None}
 
     def diff(self, params: dict[str, list[str]]) -> dict[str, Any]:
-        d = _finite(views.diff(self.repo, _one(params, "a"), _one(params, "b")))
+        d = views.diff(self.repo, _one(params, "a"), _one(params, "b"))
         return {"a": d["a"], "b": d["b"],
                 "hparams": [h for h in d["hparams"] if h["status"] != "same"],
                 "metrics": d["metrics"],

@@ -33,7 +33,7 @@ def _key(route: str, **params: Any) -> str:
 
 def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
     """Every API answer the page needs for runs `revs` (all runs when empty)."""
-    api = Api(repo)
+    api = Api(repo, live=False)
     runs = views.runs(repo, list(revs) or None, metrics=[])
     names = [r["name"] for r in runs]
     summary = api.summary({})
@@ -53,14 +53,14 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
     out["compare"] = Api.compare_shape(compare)
     for metric in summary["metrics"]:
         for name in names:
-            out[_key("curves", metric=metric, rev=name)] = api.curves(
-                {"metric": [metric], "rev": [name]})
+            out[_key("curves", metric=metric, rev=name)] = api.get(
+                "curves", {"metric": [metric], "rev": [name]})
     for name in names:
-        out[_key("heatmap", rev=name)] = api.heatmap({"rev": [name]})
+        out[_key("heatmap", rev=name)] = api.get("heatmap", {"rev": [name]})
     for oid in _commit_pages(repo, graph["commits"], [r["id"] for r in runs]):
-        out[_key("commit", rev=oid)] = api.commit({"rev": [oid]})
+        out[_key("commit", rev=oid)] = api.get("commit", {"rev": [oid]})
     for name in names[1:]:
-        out[_key("diff", a=names[0], b=name)] = api.diff({"a": [names[0]], "b": [name]})
+        out[_key("diff", a=names[0], b=name)] = api.get("diff", {"a": [names[0]], "b": [name]})
     return out
 
 

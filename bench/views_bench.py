@@ -2,17 +2,18 @@
 
     python bench/views_bench.py [--runs 5] [--out bench/out/views_bench.json]
 
-The repository: 10 branches of 100 commits each (1,000 commits); branch k starts one
-commit before the head of branch k-1, which then takes one more step, so every branch has
-a branch point and the longest first-parent line holds 991 commits. Every commit carries
+The repository: 10 branches of 100 commits each, branch k starting one commit before the
+head of branch k-1, which then takes one more step (1,009 commits; every branch has a
+branch point; the longest first-parent line holds 991 commits). Every commit carries
 30 metrics, ~25 hyperparameters (nested), an environment record, the frozen layers and
 layer statistics for 50 model layers plus optimizer state, as a training snapshot does.
 Commits are written directly into one pack (their snapshots share one small manifest):
 the views read commits only, so tensor data plays no part.
 
 Each figure is the median of --runs calls, each on a freshly opened repository (nothing
-cached, as for a CLI call); `vrl compare` is also timed as a command (interpreter start
-and imports included).
+cached, as for a CLI call), as wall-clock and CPU seconds (`*_cpu_s`, steadier on a busy
+machine); `vrl compare` is also timed as a command (interpreter start and imports
+included).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -96,13 +98,22 @@ def build(root: Path) -> Repo:
     return repo
 
 
-def median(fn: Callable[[], object], runs: int) -> float:
-    times = []
+def median(fn: Callable[[], object], runs: int) -> tuple[float, float]:
+    """(median wall seconds, median CPU seconds) of `fn`; on a busy machine the CPU time
+    is the steadier figure."""
+    walls, cpus = [], []
     for _ in range(runs):
+        cpu = time.process_time() + _children_cpu()
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() + _children_cpu() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -146,9 +157,11 @@ def main() -> None:
         results["vrl_compare_json_command_s"] = median(
             lambda: subprocess.run([*command, "--json"], cwd=root, env=env, check=True,
                                    capture_output=True), args.runs)
-    for key, value in results.items():
-        if key.endswith("_s"):
-            results[key] = round(value, 3)
+    for key, value in list(results.items()):
+        if key.endswith("_s") and isinstance(value, tuple):
+            results[key] = round(value[0], 3)
+            results[key[:-2] + "_cpu_s"] = round(value[1], 3)
+    results["load_average"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

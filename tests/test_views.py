@@ -109,6 +109,10 @@ def test_metric_summary_last_and_best(hist):
     assert rows["exp~1"]["metrics"]["eval/score"]["last"] == "nan"
     assert rows["exp~1"]["metrics"]["eval/score"]["best"] == 7.0
     assert views.lower_is_better("losses/value_loss") and not views.lower_is_better("return")
+    assert views.lower_is_better("perf/update_s") and not views.lower_is_better("charts/SPS")
+    assert views.lower_is_better("losses/approx_kl") and views.lower_is_better("wall_time")
+    assert not views.lower_is_better("losses/explained_variance")
+    assert not views.lower_is_better("charts/timesteps")
 
 
 def test_compare_shows_only_differing_hparams_flattened(hist):
@@ -237,6 +241,7 @@ def test_commit_detail_and_diff(hist):
     assert hp["seed"]["status"] == "same"
     assert d["parents"] == [ids["main"][2]] and d["frozen_layers"] == ["l1"]
     assert d["diff"]["layers"]["model/l0"]["status"] == "changed"
+    assert [k for k, v in d["diff"]["layers"].items() if v["frozen"]] == ["model/l1"]
     assert views.commit_detail(repo, ids["main"][0])["env"] == {"python": "3.11"}
     dd = views.diff(repo, "main", "exp2")
     assert dd["error"] is None and dd["diff"]["layers"]["model/l1"]["rel"] > 0
@@ -313,10 +318,65 @@ def test_commits_read_without_their_statistics_match_the_full_read(hist):
     cid = repo.objects.write("commit", payload)
     pretty = json.dumps(tricky.to_json(), indent=1).encode()
     pid = repo.objects.write("commit", pretty)
-    for oid in (cid, pid, *ids["exp"]):
+    # not sorted: a field after the statistics, which a cut there would lose
+    data = tricky.to_json()
+    metrics = data.pop("metrics")
+    stats, step, time = data.pop("stats"), data.pop("step"), data.pop("time")
+    unsorted = json.dumps({**data, "stats": stats, "metrics": metrics, "step": step,
+                           "time": time}, separators=(",", ":")).encode()
+    uid = repo.objects.write("commit", unsorted)
+    assert views.split_stats(unsorted) is None
+    for oid in (cid, pid, uid, *ids["exp"]):
         history = views.History(repo)
         light, full = history.commit(oid), repo.read_commit(oid)
         assert light == Commit(**{**full.__dict__, "stats": {}})
         want = {k: (v.get("rel"), v.get("material")) for k, v in full.stats["layers"].items()}
         assert history.layers(oid) == want
     assert views.split_stats(payload) is not None and views.split_stats(pretty) is None
+
+
+def test_remote_tracking_branches_are_runs_unless_a_local_branch_shows_them(hist):
+    repo, ids = hist
+    repo.refs.update("refs/remotes/origin/exp", ids["exp"][0])  # behind the local exp
+    repo.refs.update("refs/remotes/origin/main", ids["main"][-1])  # same as main
+    repo.refs.update("refs/remotes/origin/side", ids["main"][1])
+    repo.refs.update("refs/remotes/up/copy", ids["exp2"][0])  # a commit exp2 shows
+    assert [r["name"] for r in views.runs(repo)] == ["exp", "exp2", "main", "origin/side"]
+
+
+def test_graph_with_a_merge_keeps_edges_clear(hist):
+    """A commit with two parents (hand-made: vrl's own commits have one) gets a lane per
+    parent edge, and no commit sits in a lane an edge runs down."""
+    repo, ids = hist
+    from vrl.objects import Commit
+
+    base = repo.read_commit(ids["exp2"][0])
+    merge = Commit(manifest=base.manifest, parents=(ids["exp2"][0], ids["main"][-1]),
+                   message="merge", author="a", time=at(40))
+    mid = repo.objects.write("commit", merge.to_bytes())
+    side = Commit(manifest=base.manifest, parents=(ids["main"][1],), message="side",
+                  author="a", time=at(41))
+    sid = repo.objects.write("commit", side.to_bytes())
+    repo.refs.update("refs/heads/merged", mid)
+    repo.refs.update("refs/heads/side", sid)
+    g = views.graph(repo)
+    rows = {c["id"]: c for c in g["commits"]}
+    position = {c["id"]: c["row"] for c in g["commits"]}
+    assert len(rows[mid]["parent_lanes"]) == 2
+    assert len(set(rows[mid]["parent_lanes"])) == 2
+    for c in g["commits"]:
+        assert all(position[p] > c["row"] for p in c["parents"])
+        for p, lane in zip(c["parents"], c["parent_lanes"], strict=True):
+            for between in g["commits"][c["row"] + 1:position[p]]:
+                assert between["lane"] != lane
+    assert g["commits"][0]["id"] == sid and g["lanes"] >= 3
+
+
+def test_refs_token_changes_when_a_ref_moves(hist):
+    repo, ids = hist
+    before = views.refs_token(repo)
+    assert views.refs_token(repo) == before
+    import numpy as np
+
+    repo.commit({"w": np.zeros(1, np.float32)}, env=False)
+    assert views.refs_token(repo) != before

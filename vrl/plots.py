@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from vrl.views import ViewError, smooth
 
 DPI = 100
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _matplotlib() -> Any:
@@ -59,6 +61,13 @@ def _save(fig: Any, path: str | Path, fmt: str) -> None:
         raise
 
 
+def _text(text: str) -> str:
+    """Repository text as a literal label: `$` would start matplotlib's math mode (and an
+    odd number of them fails the drawing); control characters are shown escaped."""
+    text = _CONTROL.sub(lambda m: repr(m[0])[1:-1], str(text))
+    return text.replace("$", r"\$")
+
+
 def _figure(size: tuple[float, float]) -> Any:
     _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -91,7 +100,7 @@ def plot_curves(runs: Sequence[dict[str, Any]], metric: str, path: str | Path, *
         if not xs:
             continue
         point = run.get("branch_point")
-        label = run["name"] + (f" (from {point['run']})" if point else "")
+        label = _text(run["name"] + (f" (from {point['run']})" if point else ""))
         if weight:
             ax.plot(xs[start:], ys[start:], color=color, alpha=0.25, linewidth=1)
         ax.plot(xs[start:], shown[start:], color=color, linewidth=1.8, label=label)
@@ -101,8 +110,8 @@ def plot_curves(runs: Sequence[dict[str, Any]], metric: str, path: str | Path, *
     if not drawn:
         raise ViewError(f"no run has points of {metric!r} to plot")
     ax.set_xlabel("step" if x == "step" else "wall time (hours)")
-    ax.set_ylabel(metric)
-    title = metric + (f"  (smoothed {weight:g})" if weight else "")
+    ax.set_ylabel(_text(metric))
+    title = _text(metric) + (f"  (smoothed {weight:g})" if weight else "")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize="small")
@@ -164,9 +173,7 @@ def plot_heatmap(heat: dict[str, Any], path: str | Path, *, svg: bool = False,
                 min(20.0, max(3.0, 1.5 + len(layers) * 0.22)))
     fig = _figure(size)
     ax = fig.add_subplot()
-    cmap = mpl.colormaps["viridis"].copy()
-    cmap.set_bad("#d9d9d9")
-    cmap.set_under("#1a1a1a")
+    cmap = mpl.colormaps["viridis"].with_extremes(bad="#d9d9d9", under="#1a1a1a")
     if positive.size:
         top = float(positive.max())
         bottom = max(float(positive.min()), top / 1e6)
@@ -195,7 +202,7 @@ def plot_heatmap(heat: dict[str, Any], path: str | Path, *, svg: bool = False,
     bar.set_label("relative change (log scale)")
     prefix = os.path.commonprefix(layers) if len(layers) > 1 else ""
     prefix = prefix[:prefix.rfind("/") + 1]
-    labels = [name[len(prefix):] for name in layers]
+    labels = [_text(name[len(prefix):]) for name in layers]
     every = max(1, math.ceil(len(layers) / 60))
     ax.set_yticks(range(0, len(layers), every), labels[::every],
                   fontsize="small" if len(layers) <= 30 else "x-small")
@@ -203,8 +210,8 @@ def plot_heatmap(heat: dict[str, Any], path: str | Path, *, svg: bool = False,
     ax.set_xticks(ticks, [str(commits[i]["step"]) if commits[i]["step"] is not None else str(i)
                           for i in ticks])
     ax.set_xlabel("snapshot (step), oldest left")
-    ax.set_ylabel(f"layer{f' ({prefix[:-1]})' if prefix else ''}")
-    ax.set_title(f"layer change along {heat['name']} ({len(commits)} snapshots)")
+    ax.set_ylabel(_text(f"layer{f' ({prefix[:-1]})' if prefix else ''}"))
+    ax.set_title(_text(f"layer change along {heat['name']} ({len(commits)} snapshots)"))
     fig.legend(handles=legend, loc="outside lower left", ncol=3, fontsize="small",
                frameon=False)
     _save(fig, path, fmt)

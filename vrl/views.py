@@ -9,8 +9,9 @@ statistics for the pair): never tensor data and never torch, so all of it works 
 metadata-only clone.
 
 A *run* is a line of snapshots: a branch head (by default every local branch, and every
-remote-tracking branch no local branch already shows) or any revision, followed back
-along first parents to the root. Its metrics, curves and heatmap are along that line.
+remote-tracking branch that no local branch of its name or at its commit shows) or any
+revision, followed back along first parents to the root. Its metrics, curves and heatmap
+are along that line.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ RETURN_METRICS = ("eval/return", "charts/return_last100", "charts/episodic_retur
                   "reward")
 """Metrics shown by default where present (the trainer's returns first)."""
 
-# Metrics whose smaller values are better; every other metric is better when larger.
-_LOWER_IS_BETTER = re.compile(r"loss|error|err\b|regret|cost|penalty|latency|time|\bkl\b|"
-                              r"approx_kl|perplexity", re.IGNORECASE)
+# Metrics whose smaller values are better (matched on the last part of the name, so that
+# `losses/explained_variance` is not a loss); every other metric is better when larger.
+_LOWER_IS_BETTER = re.compile(r"loss|error|(^|_)err$|regret|cost|penalty|latency|duration|"
+                              r"(^|_)time($|_)|(^|_)kl($|_)|perplexity|_s$|_ms$|seconds",
+                              re.IGNORECASE)
 
 
 class ViewError(VrlError, ValueError):
@@ -45,7 +48,7 @@ class ViewError(VrlError, ValueError):
 @functools.lru_cache(maxsize=4096)
 def lower_is_better(metric: str) -> bool:
     """Whether the best value of `metric` is its smallest (losses, errors, KL, times)."""
-    return _LOWER_IS_BETTER.search(metric) is not None
+    return _LOWER_IS_BETTER.search(metric.rpartition("/")[2]) is not None
 
 
 # ---------------------------------------------------------------------------- values
@@ -116,6 +119,9 @@ def first_line(text: str) -> str:
 # bytes: a dict per layer) come last but for the step and the time.
 _TAIL = re.compile(rb',"step":(?:-?[0-9]+|null),"time":"[^"\\]*"\}\Z')
 _STATS_KEY = b'],"stats":'  # after the parents list
+_FIELDS = tuple(f',"{name}":'.encode() for name in ("author", "env", "format", "hparams",
+                                                      "manifest", "message", "meta",
+                                                      "metrics", "parents"))
 
 
 def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
@@ -126,7 +132,7 @@ def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
     heatmap and a commit's details need them. The cut is taken at the last `],"stats":`
     before the tail: a match inside a nested value leaves brackets unclosed (the tail
     closes one level), so a commit the cut misreads is never valid JSON - the caller
-    then parses it whole.
+    then parses it whole, as it does bytes that are not canonical.
     """
     tail = _TAIL.search(payload)
     if tail is None:
@@ -135,7 +141,12 @@ def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
     if key < 0:
         return None
     start = key + len(_STATS_KEY)
-    return payload[:start] + b"{}" + payload[tail.start():], payload[start:tail.start()]
+    stats = payload[start:tail.start()]
+    # A commit's field after its statistics would be cut away with them: never in a
+    # canonical commit (sorted keys), so such bytes (even a layer so named) are read whole
+    if any(field in stats for field in _FIELDS):
+        return None
+    return payload[:start] + b"{}" + payload[tail.start():], stats
 
 
 class History:
@@ -149,7 +160,7 @@ class History:
     def __init__(self, repo: Repo) -> None:
         self.repo = repo
         self._commits: dict[ObjectId, Commit] = {}
-        self._layers: dict[ObjectId, dict[str, tuple[float | None, bool]]] = {}
+        self._layers: dict[tuple[ObjectId, str], dict[str, tuple[float | None, bool]]] = {}
         self._lines: dict[ObjectId, list[ObjectId]] = {}
         # {metrics asked for: {commit: (last, best) up to it}}, see _metric_summary
         self.summaries: dict[frozenset[str] | None, dict[ObjectId, tuple[dict, dict]]] = {}
@@ -184,34 +195,42 @@ class History:
             self._commits[oid] = commit
         return commit
 
-    def layers(self, oid: ObjectId) -> dict[str, tuple[float | None, bool]]:
-        """{layer: (relative change against the first parent or None, material)} as the
-        commit stores them ({} where it stores none for its first parent)."""
-        if oid not in self._layers:
+    def stats(self, oid: ObjectId) -> dict[str, Any]:
+        """The commit's stored statistics (parsed on each call: they are large)."""
+        payload = self._payload(oid)
+        parts = split_stats(payload) if payload is not None else None
+        if parts is not None:
+            try:
+                stats = json.loads(parts[1])
+            except (ValueError, RecursionError):
+                stats = None
+            if isinstance(stats, dict):
+                return stats
+        return self.repo.read_commit(oid).stats
+
+    def layers(self, oid: ObjectId, prefix: str = "") -> dict[str, tuple[float | None, bool]]:
+        """{layer: (relative change against the first parent or None, material)} of the
+        layers whose names start with `prefix`, as the commit stores them ({} where it
+        stores none against its first parent)."""
+        key = (oid, prefix)
+        if key not in self._layers:
             commit = self.commit(oid)
-            payload = self._payload(oid)
-            parts = split_stats(payload) if payload is not None else None
-            stats: Any = None
-            if parts is not None:
-                try:
-                    stats = json.loads(parts[1])
-                except (ValueError, RecursionError):
-                    stats = None
-            if not isinstance(stats, dict):
-                stats = self.repo.read_commit(oid).stats
+            stats = self.stats(oid)
             out: dict[str, tuple[float | None, bool]] = {}
             layers = stats.get("layers")
             parent = commit.parents[0] if commit.parents else None
             if isinstance(layers, dict) and stats.get("parent") == parent:
                 isfinite = math.isfinite
                 for name, entry in layers.items():
-                    if entry.__class__ is dict:  # the hot loop: type tests, not isinstance
-                        rel = entry.get("rel")
-                        cls = rel.__class__
-                        ok = (cls is float and isfinite(rel)) or cls is int
-                        out[name] = (rel if ok else None, entry.get("material") is True)
-            self._layers[oid] = out
-        return self._layers[oid]
+                    # the hot loop (layers x commits): type tests, not isinstance
+                    if entry.__class__ is not dict or not name.startswith(prefix):
+                        continue
+                    rel = entry.get("rel")
+                    cls = rel.__class__
+                    ok = (cls is float and isfinite(rel)) or cls is int
+                    out[name] = (rel if ok else None, entry.get("material") is True)
+            self._layers[key] = out
+        return self._layers[key]
 
     def has(self, oid: ObjectId) -> bool:
         try:
@@ -257,6 +276,16 @@ def ref_names(repo: Repo) -> dict[ObjectId, list[str]]:
     return out
 
 
+def refs_token(repo: Repo) -> str:
+    """A short digest of every ref and HEAD: it changes exactly when one moves (a new
+    commit, branch or tag), so a viewer can poll it cheaply to know when to refresh."""
+    import hashlib
+
+    refs = repo.refs.list()
+    text = json.dumps([repo.refs.read_raw("HEAD"), sorted(refs.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
                  ) -> list[tuple[str, str | None, ObjectId]]:
     """(name, full ref or None, commit id) of every run asked for."""
@@ -270,11 +299,15 @@ def _select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
         local = repo.refs.list("refs/heads/")
         for ref, oid in sorted(local.items()):
             out.append((short_ref(ref), ref, oid))
-        # a clone has one local branch; the others are remote-tracking
+        # a clone has one local branch, the others are remote-tracking: shown unless a
+        # local branch of that name (or at that commit) already is
+        local_names = {short_ref(ref) for ref in local}
         local_ids = set(local.values())
         for ref, oid in sorted(repo.refs.list("refs/remotes/").items()):
-            if oid not in local_ids and not ref.endswith("/HEAD"):
-                out.append((short_ref(ref), ref, oid))
+            name = short_ref(ref)
+            if oid not in local_ids and name.partition("/")[2] not in local_names and \
+                    not ref.endswith("/HEAD"):
+                out.append((name, ref, oid))
         if not out and repo.head() is not None:  # detached HEAD, no branch
             out.append(("HEAD", None, repo.head()))
     if all_tags:
@@ -529,13 +562,6 @@ def smooth(values: Sequence[float], weight: float) -> list[float]:
 # ---------------------------------------------------------------------------- heatmap
 
 
-def _layer_names(stats_layers: Iterable[str], prefix: str | None) -> list[str]:
-    names = set(stats_layers)
-    if prefix is None:  # a training snapshot: the model's layers, not optimizer state
-        prefix = "model/" if any(n.startswith("model/") for n in names) else ""
-    return sorted((n for n in names if n.startswith(prefix)), key=natural_key)
-
-
 def _is_frozen(layer: str, frozen: set[str]) -> bool:
     # the trainer records module names (`actor.0`), the store layers under the snapshot's
     # tree (`model/actor.0`)
@@ -562,11 +588,15 @@ def layer_heatmap(repo: Repo, rev: str = "HEAD", limit: int | None = None,
         if limit < 1:
             raise ViewError(f"limit must be at least 1, not {limit}")
         line = line[-limit:]
-    stats = [history.layers(oid) for oid in line]
+    if prefix is None:  # a training snapshot: the model's layers, not optimizer state
+        layers = history.stats(head).get("layers")
+        prefix = "model/" if isinstance(layers, dict) and \
+            any(name.startswith("model/") for name in layers) else ""
+    stats = [history.layers(oid, prefix) for oid in line]
     seen: set[str] = set()
     for layers in stats:
         seen.update(layers)
-    names = _layer_names(seen, prefix)
+    names = sorted(seen, key=natural_key)
     values: list[list[float | None]] = [[] for _ in names]
     material: list[list[int]] = [[] for _ in names]
     frozen: list[list[int]] = [[] for _ in names]
@@ -703,9 +733,9 @@ def _changes(new: dict[str, Any], old: dict[str, Any] | None) -> list[dict[str, 
 def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
     """One commit: id, parents, refs, message, author, time, step, hparams (flattened,
     each with its change against the first parent), metrics, env (flattened), meta,
-    frozen layers, and its layer table against the first parent (from the statistics it
-    stores; recomputed from tensor data only where it stores none, and None when that
-    data is not here, as in a metadata-only clone)."""
+    frozen layers, and its layer table against the first parent as `DiffResult.to_json`
+    gives it, each layer also marked `frozen` (from the statistics it stores; recomputed
+    from tensor data only where it stores none, and None when that data is not here)."""
     oid = repo.resolve(rev)
     commit = repo.read_commit(oid)
     parent = None
@@ -720,6 +750,10 @@ def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
     except (PrunedError, ObjectNotFoundError):
         layers = None
     frozen = commit.meta.get("frozen_layers")
+    frozen = [f for f in frozen if isinstance(f, str)] if isinstance(frozen, list) else []
+    if layers is not None:
+        for name, entry in layers["layers"].items():
+            entry["frozen"] = _is_frozen(name, set(frozen))
     return {
         "id": oid, "parents": list(commit.parents), "refs": ref_names(repo).get(oid, []),
         "message": commit.message, "author": commit.author, "time": commit.time,
@@ -727,9 +761,7 @@ def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
         "hparams": _changes(commit.hparams, parent.hparams if parent else None),
         "metrics": _changes(commit.metrics, parent.metrics if parent else None),
         "env": flatten(commit.env), "meta": flatten(commit.meta),
-        "frozen_layers": [f for f in frozen if isinstance(f, str)]
-        if isinstance(frozen, list) else [],
-        "diff": layers,
+        "frozen_layers": frozen, "diff": layers,
     }
 
 

@@ -141,10 +141,15 @@ class Api:
         def layers() -> None:
             history = views.History.of(self.repo)
             for run in views.runs(self.repo, metrics=[]):
+                # the layers layer_heatmap() picks by default: the model's in a training
+                # snapshot (tests/test_ui_api.py checks that this stays in step)
+                names = history.stats(run["id"]).get("layers")
+                prefix = "model/" if isinstance(names, dict) and \
+                    any(name.startswith("model/") for name in names) else ""
                 for oid in history.line(run["id"]):
                     while self._busy:  # requests first: never compete for the GIL
                         time.sleep(0.02)
-                    history.layers(oid)
+                    history.layers(oid, prefix)
 
         thread = threading.Thread(target=layers, name="vrl-ui-warm", daemon=True)
         thread.start()

@@ -222,10 +222,11 @@ def test_ui_updates_when_a_commit_lands(trained, browser, shots, tmp_path):
         rows = len(browser.find_elements("css selector", "#graph .row"))
         vrl_cli(ws, ["train", *SMALL, "--steps", str(10 * STEPS), "--from", "lr-high",
                      "--branch", "live-run"])
+        # (the page may have redrawn between the two commits: wait for the last one)
         wait(browser, "document.getElementById('graph') && "
-                      "document.getElementById('graph').textContent.includes('live-run')",
+                      "document.getElementById('graph').textContent.includes('live-run') && "
+                      f"document.querySelectorAll('#graph .row').length === {rows + 2}",
              timeout=15)
-        assert len(browser.find_elements("css selector", "#graph .row")) == rows + 2
         browser.save_screenshot(str(shots / "live-graph.png"))
         assert console_errors(browser) == []
     finally:

@@ -264,3 +264,21 @@ def test_metadata_only_clone_serves_the_same_pages(trained, browser, shots, tmp_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_empty_repository_shows_empty_pages(browser, tmp_path):
+    Repo.init(tmp_path / "empty")
+    server = serve(tmp_path / "empty")
+    try:
+        browser.get_log("browser")
+        for view, hash_, text in [("graph", "", "No commits yet."),
+                                  ("curves", "#/curves", "No metrics recorded yet."),
+                                  ("compare", "#/compare", "No runs yet."),
+                                  ("heatmap", "#/heatmap", "No commits yet."),
+                                  ("diff", "#/diff", "Diff")]:
+            open_view(browser, server.url + hash_, view)
+            assert text in browser.find_element("id", "main").text, view
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()

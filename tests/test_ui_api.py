@@ -311,3 +311,12 @@ print("ok")
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_an_empty_repository_answers_empty_views(tmp_path):
+    repo = Repo.init(tmp_path / "e")
+    api = Api(repo)
+    assert api.get("summary", {})["branches"] == {}
+    assert api.get("graph", {})["commits"] == []
+    assert api.get("compare", {})["rows"] == []
+    assert '"branches":{}' in render(repo, [])

@@ -416,7 +416,8 @@
   async function viewHeatmap(rev) {
     const s = state.summary;
     const names = Object.keys(s.branches);
-    state.heatRev = rev || state.heatRev || s.current_branch || names[0];
+    state.heatRev = rev || state.heatRev ||
+      (names.includes(s.current_branch) ? s.current_branch : names[0]);
     const picker = el("select", { id: "heat-rev", onchange: (ev) => { location.hash = "#/heatmap/" + encodeURIComponent(ev.target.value); } },
       names.map((n) => el("option", { value: n, text: n, selected: n === state.heatRev })));
     const wrap = el("div", { class: "heat-wrap", id: "heatmap" });

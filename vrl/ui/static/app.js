@@ -173,7 +173,9 @@
     return { svg, width: w };
   }
   async function viewGraph() {
-    const data = await api("graph");
+    const early = state.earlyGraph;  // asked for with the summary when the page opened
+    state.earlyGraph = null;
+    const data = (early && await early) || await api("graph");
     const commits = data.commits;
     const rowH = 26, laneW = 14;
     const { svg, width } = graphSvg(commits, data.lanes, rowH, laneW);
@@ -540,6 +542,9 @@
     setTimeout(poll, 2000);
   }
   async function start() {
+    if (!REPORT && location.hash.replace(/^#\/?/, "") === "") {
+      state.earlyGraph = api("graph").catch(() => null);
+    }
     try { await loadSummary(); } catch (err) { showError(err); return; }
     window.addEventListener("hashchange", render);
     await render();

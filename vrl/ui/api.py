@@ -78,8 +78,8 @@ def _redacted(value: Any) -> Any:
     return value
 
 
-def _one(params: dict[str, list[str]], name: str, default: str | None = None) -> str:
-    values = params.get(name) or ([default] if default is not None else [])
+def _one(params: dict[str, list[str]], name: str) -> str:
+    values = params.get(name)
     if not values or not values[-1]:
         raise ApiError(f"missing parameter {name!r}")
     return values[-1]
@@ -139,6 +139,12 @@ class Api:
         self.get("graph", {})
 
         def layers() -> None:
+            try:
+                read_layers()
+            except VrlError:  # a ref deleted meanwhile, a shallow history: only a warm-up
+                pass
+
+        def read_layers() -> None:
             history = views.History.of(self.repo)
             for run in views.runs(self.repo, metrics=[]):
                 # the layers layer_heatmap() picks by default: the model's in a training
@@ -274,5 +280,8 @@ def _layer_rows(diff: dict[str, Any] | None, frozen: set[str]) -> list[dict[str,
                      "max_abs": layer.get("max_abs"), "material": bool(layer.get("material")),
                      "shape": ", ".join("x".join(str(d) for d in s) or "scalar"
                                         for s in shapes[:3]) + (" ..." if len(shapes) > 3 else ""),
-                     "frozen": name in frozen or name.rpartition("/")[2] in frozen})
+                     # the trainer names modules (actor.0), the store layers under the
+                     # snapshot's tree (model/actor.0)
+                     "frozen": name in frozen or name.rpartition("/")[2] in frozen or
+                     any(name.endswith("/" + f) for f in frozen if "/" in f)})
     return rows

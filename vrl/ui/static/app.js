@@ -386,6 +386,9 @@
       el("p", {}, el("a", { href: "#/commit/" + d.a, class: "mono", text: short(d.a) }), " \u2192 ",
         el("a", { href: "#/commit/" + d.b, class: "mono", text: short(d.b) }), "  ",
         el("span", { class: "muted", text: d.summary || "" })),
+      el("h2", { text: "Layers" }),
+      d.layers ? layerTable(d.layers)
+        : el("p", { class: "muted", text: "Layer changes need tensor data that is not here: " + (d.error || "") }),
       el("div", { class: "cols" },
         el("div", {}, el("h2", { text: "Hyperparameters that differ" }),
           d.hparams.length ? kvTable(d.hparams.map((h) => ({ cls: h.status,
@@ -395,10 +398,7 @@
         el("div", {}, el("h2", { text: "Metrics" }),
           d.metrics.length ? kvTable(d.metrics.map((m) => ({ values: [el("span", { class: "mono", text: m.key }),
             m.old === undefined ? null : m.old, m.status === "removed" ? null : m.value] })),
-            ["metric", "from", "to"]) : el("p", { class: "muted", text: "none" }))),
-      el("h2", { text: "Layers" }),
-      d.layers ? layerTable(d.layers)
-        : el("p", { class: "muted", text: "Layer changes need tensor data that is not here: " + (d.error || "") }));
+            ["metric", "from", "to"]) : el("p", { class: "muted", text: "none" }))));
   }
 
   // ------------------------------------------------------------------ heatmap

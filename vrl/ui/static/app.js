@@ -338,8 +338,8 @@
         el("dt", { text: "time" }), el("dd", { text: c.time }),
         el("dt", { text: "step" }), el("dd", { text: fmt(c.step) }),
         el("dt", { text: "layers" }), el("dd", { text: c.summary || "-" }),
-        c.parents.length ? el("dt", { text: "diff" }) : null,
-        c.parents.length ? el("dd", {}, el("a", { href: `#/diff/${c.parents[0]}/${c.id}`, text: "against parent" }))
+        c.parents.length && !REPORT ? el("dt", { text: "diff" }) : null,  // (a report holds no such diff)
+        c.parents.length && !REPORT ? el("dd", {}, el("a", { href: `#/diff/${c.parents[0]}/${c.id}`, text: "against parent" }))
           : null),
       el("pre", { class: "message", text: c.message || "(no message)" }),
       el("div", { class: "cols" },

@@ -67,6 +67,15 @@ def trained(tmp_path_factory):
     return ws
 
 
+def expected_points(ws, runs):
+    """Points per run of the default metric, as the API of the trained repository `ws`
+    gives them (a clone's `origin/NAME` is NAME there)."""
+    api = Api(open_repo(ws))
+    metric = api.get("summary", {})["default_metric"]
+    return {run: len(api.get("curves", {"metric": [metric], "rev": [run.removeprefix(
+        "origin/")]})["points"]) for run in runs}
+
+
 def first_own(ws):
     """The first snapshot of lr-high (its parent is on base)."""
     return Repo(ws).resolve("lr-high~2")
@@ -115,6 +124,9 @@ def wait(driver, script, timeout=20.0):
 
 
 def open_view(driver, url, view):
+    # a change of the hash alone does not reload the page: forget the view shown before
+    driver.execute_script("const m = document.getElementById('main');"
+                          "if (m) m.dataset.view = '';")
     driver.get(url)
     wait(driver, f"document.body.dataset.ready && document.getElementById('main')"
                  f".dataset.view === {view!r}")
@@ -124,7 +136,7 @@ def console_errors(driver):
     return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
-def check_pages(driver, url, shots, runs, first_own, prefix="", clone=False):
+def check_pages(driver, url, shots, runs, first_own, expected, prefix="", clone=False):
     """Every view of the app at `url` over a repository whose runs are `runs`."""
     from selenium.webdriver.support.ui import Select
 
@@ -159,6 +171,7 @@ def check_pages(driver, url, shots, runs, first_own, prefix="", clone=False):
     wait(driver, "document.getElementById('chart').dataset.points")
     points = json.loads(driver.find_element("id", "chart").get_attribute("data-points"))
     assert set(points) == set(runs) and all(n >= 6 for n in points.values()), points
+    assert points == expected  # also where a report keeps shared points once
     assert driver.execute_script("return window.__vrl.chart.series.length") == len(runs) + 1
     driver.save_screenshot(str(shots / f"{prefix}curves.png"))
     driver.find_element("css selector", "input[name=xaxis][value=time]").click()
@@ -195,7 +208,8 @@ def check_pages(driver, url, shots, runs, first_own, prefix="", clone=False):
 def test_ui_in_a_browser(trained, browser, shots):
     server = serve(trained)
     try:
-        check_pages(browser, server.url, shots, ["base", "lr-high"], first_own(trained))
+        check_pages(browser, server.url, shots, ["base", "lr-high"], first_own(trained),
+                    expected_points(trained, ["base", "lr-high"]))
     finally:
         server.shutdown()
         server.server_close()
@@ -248,7 +262,7 @@ def test_report_in_a_browser(trained, browser, shots):
     open_view(browser, out.as_uri(), "graph")
     assert "report of" in browser.find_element("id", "live").text
     check_pages(browser, out.as_uri(), shots, ["base", "lr-high"], first_own(trained),
-                prefix="report-")
+                expected_points(trained, ["base", "lr-high"]), prefix="report-")
 
 
 def test_metadata_only_clone_serves_the_same_pages(trained, browser, shots, tmp_path):
@@ -264,8 +278,9 @@ def test_metadata_only_clone_serves_the_same_pages(trained, browser, shots, tmp_
                    .tensors.values())
     server = serve(clone)
     try:
-        check_pages(browser, server.url, shots, ["base", "origin/lr-high"], first_own(trained),
-                    prefix="clone-", clone=True)
+        runs = ["base", "origin/lr-high"]
+        check_pages(browser, server.url, shots, runs, first_own(trained),
+                    expected_points(trained, runs), prefix="clone-", clone=True)
     finally:
         server.shutdown()
         server.server_close()

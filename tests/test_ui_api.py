@@ -250,6 +250,19 @@ def test_report_is_one_self_contained_file(hist):
     assert "MIT" in html  # uPlot's licence travels with it
 
 
+def test_report_keeps_shared_curve_points_once(hist):
+    from vrl.ui.report import bundle
+
+    api = bundle(hist, [])
+    exp = api["curves?metric=return&rev=exp"]
+    main = api["curves?metric=return&rev=main"]
+    # exp (first in the report) is whole; main repeats its first two points
+    assert "prefix" not in exp and len(exp["points"]) == 4
+    assert main["prefix"] == {"key": "curves?metric=return&rev=exp", "n": 2}
+    whole = exp["points"][:2] + main["points"]  # what the page rebuilds
+    assert whole == Api(hist).get("curves", {"metric": ["return"], "rev": ["main"]})["points"]
+
+
 def test_report_of_chosen_revs_only(hist):
     api = json.loads(re.search(r'type="application/json">(.*?)</script>',
                                render(hist, ["main"]), re.S).group(1))["api"]

@@ -52,9 +52,12 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
     compare = views.compare(repo, names) if names else {"params": [], "metrics": [], "rows": []}
     out["compare"] = Api.compare_shape(compare)
     for metric in summary["metrics"]:
+        stored: list[tuple[str, list]] = []
         for name in names:
-            out[_key("curves", metric=metric, rev=name)] = api.get(
-                "curves", {"metric": [metric], "rev": [name]})
+            curve = api.get("curves", {"metric": [metric], "rev": [name]})
+            key = _key("curves", metric=metric, rev=name)
+            out[key] = _share_prefix(curve, stored)
+            stored.append((key, curve["points"]))
     for name in names:
         out[_key("heatmap", rev=name)] = api.get("heatmap", {"rev": [name]})
     for oid in _commit_pages(repo, graph["commits"], [r["id"] for r in runs]):
@@ -62,6 +65,28 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
     for name in names[1:]:
         out[_key("diff", a=names[0], b=name)] = api.get("diff", {"a": [names[0]], "b": [name]})
     return out
+
+
+def _share_prefix(curve: dict[str, Any], stored: list[tuple[str, list]]) -> dict[str, Any]:
+    """A run branched from another repeats that run's points up to the branch point: keep
+    them once. The longest common prefix with a curve stored before becomes
+    `{"prefix": {"key": its key, "n": length}}` plus the remaining points (the page puts
+    them back together)."""
+    points = curve["points"]
+    best_key, best_n = None, 0
+    for key, other in stored:
+        lo, hi = 0, min(len(points), len(other))
+        while lo < hi:  # the longest k with points[:k] == other[:k] (prefixes nest)
+            mid = (lo + hi + 1) // 2
+            if points[:mid] == other[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo > best_n:
+            best_key, best_n = key, lo
+    if best_key is None:
+        return curve
+    return {**curve, "points": points[best_n:], "prefix": {"key": best_key, "n": best_n}}
 
 
 def _commit_pages(repo: Repo, commits: list[dict[str, Any]], heads: list[str]) -> list[str]:

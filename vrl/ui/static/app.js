@@ -53,6 +53,12 @@
     }
     return parts.join("&");
   }
+  function expand(data) {
+    // a report keeps a branched run's shared points once: {prefix: {key, n}} + the rest
+    if (!data || !data.prefix) return data;
+    const base = expand(REPORT.api[data.prefix.key]);
+    return Object.assign({}, data, { points: base.points.slice(0, data.prefix.n).concat(data.points) });
+  }
   async function api(route, params) {
     if (REPORT && params) {  // the report keys commit pages by id: resolve names first
       const named = Object.assign({}, state.summary ? state.summary.tags : {},
@@ -66,7 +72,7 @@
           ? `This report holds the pages of the labelled commits, branch points and the newest snapshots of each run; \`vrl show ${params.rev}\` shows this one.`
           : "not included in this report: " + key);
       }
-      return REPORT.api[key];
+      return expand(REPORT.api[key]);
     }
     const response = await fetch("/api/" + key, { cache: "no-store" });
     const data = await response.json();

@@ -553,6 +553,10 @@
     }
     try { await loadSummary(); } catch (err) { showError(err); return; }
     window.addEventListener("hashchange", render);
+    window.addEventListener("resize", () => {
+      const box = document.getElementById("chart");
+      if (state.chart && box) state.chart.setSize({ width: Math.max(400, box.clientWidth), height: 420 });
+    });
     await render();
     const live = document.getElementById("live");
     if (REPORT) { live.classList.add("report"); live.textContent = "report of " + REPORT.created; }

@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 
 import click
 
-from vrl.cli import history, maintenance, refs, remotes, snapshots, viz
+from vrl.cli import history, maintenance, refs, remotes, snapshots, ui, viz
 from vrl.errors import VrlError
 
 PLUGIN_GROUP = "vrl.commands"
@@ -63,7 +63,7 @@ def cli(directory: str | None) -> None:
             raise click.ClickException(f"cannot change to {directory}: {exc.strerror}") from exc
 
 
-for module in (snapshots, history, refs, maintenance, remotes, viz):
+for module in (snapshots, history, refs, maintenance, remotes, viz, ui):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -1,0 +1,304 @@
+"""`vrl ui` and `vrl report` in a real browser: headless Chromium (Debian's `chromium` and
+`chromium-driver` packages; .ci/run installs them) driven by Selenium, over a repository
+made by a short `vrl train` with two branches, and over a metadata-only clone of it.
+
+Screenshots of every page are saved under the test's tmp dir (pytest prints it with -v
+on failure; look at them when changing the page)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from vrl import Repo
+from vrl.ui.api import Api, open_repo
+from vrl.ui.server import UiServer, serve_in_thread
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+try:
+    import selenium  # noqa: F401
+except ImportError:
+    selenium = None
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER and selenium),
+    reason="needs headless Chromium and its driver (apt-get install chromium "
+           "chromium-driver; .ci/run installs them) and selenium (the dev extra)")
+
+SMALL = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
+         "--set", "num_minibatches=2", "--set", "update_epochs=2",
+         "--set", "env.num_agents=4", "--set", "env.max_steps=8", "--no-progress",
+         "--device", "cpu"]
+STEPS = 2 * 16 * 4  # per iteration
+METRIC = "charts/return_last100"
+
+
+def vrl_cli(cwd, *calls):
+    """Run several `vrl` command lines in one fresh process (torch imported once)."""
+    script = ("import sys\nfrom vrl.cli import main\n" +
+              "".join(f"code = main({list(c)!r})\nassert code == 0, {list(c)!r}\n"
+                      for c in calls))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VRL_AUTHOR": "tester"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """base: 6 dirty-layer iterations; lr-high: from base~2 with another learning rate,
+    and a commit message that is markup."""
+    ws = tmp_path_factory.mktemp("ui") / "runs"
+    ws.mkdir()
+    vrl_cli(ws, ["init"],
+            ["train", *SMALL, "--steps", str(6 * STEPS), "--branch", "base", "--dirty-layers",
+             "--dirty-threshold", "0.01", "--dirty-window", "1"],
+            ["train", *SMALL, "--steps", str(7 * STEPS), "--from", "base~2",
+             "--branch", "lr-high", "--set", "learning_rate=0.003"],
+            ["tag", "<b>bold</b>", "lr-high~1"])
+    return ws
+
+
+def expected_points(ws, runs):
+    """Points per run of the default metric, as the API of the trained repository `ws`
+    gives them (a clone's `origin/NAME` is NAME there)."""
+    api = Api(open_repo(ws))
+    metric = api.get("summary", {})["default_metric"]
+    return {run: len(api.get("curves", {"metric": [metric], "rev": [run.removeprefix(
+        "origin/")]})["points"]) for run in runs}
+
+
+def first_own(ws):
+    """The first snapshot of lr-high (its parent is on base)."""
+    return Repo(ws).resolve("lr-high~2")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def shots(tmp_path):
+    folder = tmp_path / "screenshots"
+    folder.mkdir()
+    return folder
+
+
+def serve(path):
+    server = UiServer(Api(open_repo(path)), "127.0.0.1", 0)
+    serve_in_thread(server)
+    return server
+
+
+def wait(driver, script, timeout=20.0):
+    """Poll a JavaScript expression until it is truthy; return its value."""
+    end = time.monotonic() + timeout
+    while True:
+        value = driver.execute_script(f"return ({script});")
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for: {script}")
+        time.sleep(0.1)
+
+
+def open_view(driver, url, view):
+    # a change of the hash alone does not reload the page: forget the view shown before
+    driver.execute_script("const m = document.getElementById('main');"
+                          "if (m) m.dataset.view = '';")
+    driver.get(url)
+    wait(driver, f"document.body.dataset.ready && document.getElementById('main')"
+                 f".dataset.view === {view!r}")
+
+
+def console_errors(driver):
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def check_pages(driver, url, shots, runs, first_own, expected, prefix="", clone=False):
+    """Every view of the app at `url` over a repository whose runs are `runs`."""
+    from selenium.webdriver.support.ui import Select
+
+    driver.get_log("browser")  # start with an empty console
+    open_view(driver, url, "graph")
+    text = driver.find_element("id", "graph").text
+    for name in runs:
+        assert name in text
+    assert "<b>bold</b>" in text  # a tag name shown as text, never as markup
+    assert not driver.find_elements("css selector", "#graph b")
+    rows = driver.find_elements("css selector", "#graph .row")
+    assert len(rows) >= 8
+    driver.save_screenshot(str(shots / f"{prefix}graph.png"))
+
+    # click a commit: its page
+    first = rows[0]
+    cid = first.get_attribute("data-id")
+    first.click()
+    wait(driver, "document.getElementById('main').dataset.view === 'commit'")
+    page = driver.find_element("id", "main").text
+    assert cid in page and "Hyperparameters" in page and "Layers" in page
+    assert "model/actor.0" in page  # the layer table (from stored statistics)
+    driver.save_screenshot(str(shots / f"{prefix}commit.png"))
+
+    # the first snapshot of lr-high: its changed learning rate is highlighted
+    open_view(driver, url + f"#/commit/{first_own}", "commit")
+    changed = [r.text for r in driver.find_elements("css selector", "tr.changed")]
+    assert any(t.startswith("learning_rate 0.003 2.5") for t in changed), changed
+
+    # curves: one series per run, each with its points
+    open_view(driver, url + "#/curves", "curves")
+    wait(driver, "document.getElementById('chart').dataset.points")
+    points = json.loads(driver.find_element("id", "chart").get_attribute("data-points"))
+    assert set(points) == set(runs) and all(n >= 6 for n in points.values()), points
+    assert points == expected  # also where a report keeps shared points once
+    assert driver.execute_script("return window.__vrl.chart.series.length") == len(runs) + 1
+    driver.save_screenshot(str(shots / f"{prefix}curves.png"))
+    driver.find_element("css selector", "input[name=xaxis][value=time]").click()
+    wait(driver, "window.__vrl.chart && window.__vrl.chart.scales.x.time === true")
+    Select(driver.find_element("id", "metric")).select_by_value("losses/entropy")
+    wait(driver, "(document.getElementById('chart') || {dataset: {}}).dataset.metric"
+                 " === 'losses/entropy' && location.hash === '#/curves/losses%2Fentropy'")
+
+    # heatmap: layers x snapshots, frozen cells marked
+    open_view(driver, url + "#/heatmap/base", "heatmap")
+    canvas = driver.find_element("css selector", "#heatmap canvas")
+    assert int(canvas.get_attribute("data-layers")) == 4
+    assert int(canvas.get_attribute("data-commits")) == 6
+    assert int(canvas.get_attribute("data-frozen")) > 0
+    driver.save_screenshot(str(shots / f"{prefix}heatmap.png"))
+
+    open_view(driver, url + "#/compare", "compare")
+    table = driver.find_element("id", "compare-table").text
+    assert "learning_rate" in table and all(name in table for name in runs)
+    driver.save_screenshot(str(shots / f"{prefix}compare.png"))
+
+    open_view(driver, url + f"#/diff/base/{quote(runs[1], safe='')}", "diff")
+    wait(driver, "document.getElementById('diff-out').textContent.includes('Hyperparameters')")
+    diff = driver.find_element("id", "diff-out").text
+    assert "learning_rate" in diff
+    if clone:  # layer changes between unrelated commits need tensors: said, not fetched
+        assert "Layer changes need tensor data that is not here" in diff
+    else:
+        assert "model/actor.0" in diff
+    driver.save_screenshot(str(shots / f"{prefix}diff.png"))
+    assert console_errors(driver) == []
+
+
+def test_ui_in_a_browser(trained, browser, shots):
+    server = serve(trained)
+    try:
+        check_pages(browser, server.url, shots, ["base", "lr-high"], first_own(trained),
+                    expected_points(trained, ["base", "lr-high"]))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_ui_updates_when_a_commit_lands(trained, browser, shots, tmp_path):
+    ws = tmp_path / "live"
+    shutil.copytree(trained, ws)
+    server = serve(ws)
+    try:
+        open_view(browser, server.url + "#/curves", "curves")
+        wait(browser, "document.getElementById('chart').dataset.points")
+        before = json.loads(browser.find_element("id", "chart").get_attribute("data-points"))
+        version = browser.execute_script("return window.__vrl.version")
+        # a new snapshot on the branch the page shows, as `vrl train` commits one
+        repo = Repo(ws)
+        head = repo.read_commit(repo.resolve("lr-high"))
+        repo.commit(repo.load("lr-high"), message="iter 99", step=head.step + STEPS,
+                    metrics={METRIC: 0.5}, ref="refs/heads/lr-high", allow_empty=True)
+        wait(browser, f"window.__vrl.version !== {version!r}", timeout=15)
+        after = wait(browser, "(() => { const c = document.getElementById('chart'); "
+                              "const p = c && c.dataset.points; return p && "
+                              f"JSON.parse(p)['lr-high'] === {before['lr-high'] + 1} && p; }})()")
+        assert json.loads(after)["base"] == before["base"]
+        browser.save_screenshot(str(shots / "live.png"))
+
+        # `vrl train` committing a new branch while the graph is open
+        open_view(browser, server.url, "graph")
+        rows = len(browser.find_elements("css selector", "#graph .row"))
+        vrl_cli(ws, ["train", *SMALL, "--steps", str(10 * STEPS), "--from", "lr-high",
+                     "--branch", "live-run"])
+        total = len(Api(open_repo(ws)).get("graph", {})["commits"])
+        assert total > rows
+        # (the page may have redrawn between two commits: wait for the last one)
+        wait(browser, "document.getElementById('graph') && "
+                      "document.getElementById('graph').textContent.includes('live-run') && "
+                      f"document.querySelectorAll('#graph .row').length === {total}",
+             timeout=15)
+        browser.save_screenshot(str(shots / "live-graph.png"))
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_report_in_a_browser(trained, browser, shots):
+    out = trained / "report.html"
+    vrl_cli(trained, ["report", "-o", str(out)])
+    browser.get_log("browser")
+    open_view(browser, out.as_uri(), "graph")
+    assert "report of" in browser.find_element("id", "live").text
+    check_pages(browser, out.as_uri(), shots, ["base", "lr-high"], first_own(trained),
+                expected_points(trained, ["base", "lr-high"]), prefix="report-")
+
+
+def test_metadata_only_clone_serves_the_same_pages(trained, browser, shots, tmp_path):
+    remote = tmp_path / "remote.vrl"
+    clone = tmp_path / "clone"
+    vrl_cli(trained, ["remote", "add", "origin", str(remote), "--create"],
+            ["push", "origin", "--all", "--tags"])
+    vrl_cli(tmp_path, ["clone", str(remote), str(clone), "--metadata-only", "--no-checkout",
+                       "-b", "base"])
+    repo = Repo(clone)
+    assert not any(repo.objects.has(e.id) for e in
+                   repo.read_manifest(repo.read_commit(repo.resolve("base")).manifest)
+                   .tensors.values())
+    server = serve(clone)
+    try:
+        runs = ["base", "origin/lr-high"]
+        check_pages(browser, server.url, shots, runs, first_own(trained),
+                    expected_points(trained, runs), prefix="clone-", clone=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_empty_repository_shows_empty_pages(browser, tmp_path):
+    Repo.init(tmp_path / "empty")
+    server = serve(tmp_path / "empty")
+    try:
+        browser.get_log("browser")
+        for view, hash_, text in [("graph", "", "No commits yet."),
+                                  ("curves", "#/curves", "No metrics recorded yet."),
+                                  ("compare", "#/compare", "No runs yet."),
+                                  ("heatmap", "#/heatmap", "No commits yet."),
+                                  ("diff", "#/diff", "Diff")]:
+            open_view(browser, server.url + hash_, view)
+            assert text in browser.find_element("id", "main").text, view
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -174,10 +174,15 @@ def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
 
 
 
-PACK_MAX = 1 << 16
+PACK_MAX = 1 << 20
 """Objects with payloads smaller than this, written inside `batch()`, go into the batch's
-pack. It equals `repo.MMAP_MIN`: bigger tensors stay loose files, memory-mapped on restore
-(no copy, no read of bytes never touched)."""
+pack. A loose file costs an open, a rename, an fsync and a directory fsync (about a
+millisecond on a journalled disk), which is the time to write a MiB to the page cache:
+below that, one pack is cheaper. Bigger tensors stay loose files. Tensors from
+`repo.MMAP_MIN` up are memory-mapped on restore wherever they are (a pack maps too)."""
+PACK_SPILL = 64 << 20
+"""Staged bytes beyond this are written out as a pack at once (a commit of many
+mid-sized tensors then writes several packs instead of holding them all in memory)."""
 PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
 AUTO_MERGE = 32  # this many packs below MERGED_MAX are merged after a commit
 MERGED_MAX = 8 << 20
@@ -209,6 +214,7 @@ class FileObjectStore(ObjectStore):
         self._pending: list[Future] = []
         self._inflight: set[str] = set()
         self._staged: dict[ObjectId, bytes] = {}  # small objects of the open batch
+        self._staged_bytes = 0
         self._lock = threading.Lock()  # guards the pack tables below
         self._packs: dict[str, pack.Entries] = {}  # pack file name -> its index
         self._bad_packs: dict[str, str] = {}  # pack file name -> why it cannot be used
@@ -475,7 +481,10 @@ class FileObjectStore(ObjectStore):
             return oid
         size = memoryview(payload).nbytes
         if self._batching and size < PACK_MAX:
+            if self._staged_bytes + size > PACK_SPILL:
+                self._spill()
             self._staged[oid] = header(kind, size) + bytes(payload)
+            self._staged_bytes += HEADER_SIZE + size
             return oid
         self.write_raw(final, [header(kind, size), payload], "object")
         return oid
@@ -552,7 +561,7 @@ class FileObjectStore(ObjectStore):
             yield
             ok = True
         finally:
-            staged, self._staged = self._staged, {}
+            staged, self._staged, self._staged_bytes = self._staged, {}, 0
             try:
                 # the pack's fsync overlaps those of the big objects still in flight
                 packed = self._write_staged(staged) if ok else None
@@ -561,6 +570,19 @@ class FileObjectStore(ObjectStore):
                 self.flush()
             if packed:
                 self._register_pack(*packed)
+
+    def _spill(self) -> None:
+        """Write the staged objects as a pack now, fsynced in this thread (so they stay
+        readable without waiting for the batch); its directory entry is made durable by
+        the next `sync()`, before anything that names them."""
+        staged, self._staged, self._staged_bytes = self._staged, {}, 0
+        if staged:
+            self._batching = False
+            try:
+                written = self._write_pack_file(staged.items())
+            finally:
+                self._batching = True
+            self._register_pack(*written)
 
     def _write_staged(self, staged: dict[ObjectId, bytes]) -> tuple[str, pack.Entries] | None:
         if len(staged) < PACK_MIN_OBJECTS:

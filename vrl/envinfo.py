@@ -145,18 +145,27 @@ def code_version(path: Path) -> dict[str, Any]:
     return info
 
 
-def capture(workdir: Path, seeds: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything worth knowing about where and how a snapshot was made."""
+def process_info() -> dict[str, Any]:
+    """The part of `capture` only the calling process knows (its torch build, device and
+    seed); a helper process started by it (the Snapshotter's committer, same interpreter,
+    environment and working tree) captures the rest with `capture(..., process=this)`."""
+    info = _accelerator()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["seeds"] = {"torch_initial_seed": torch.initial_seed()}
+    return info
+
+
+def capture(workdir: Path, seeds: dict[str, Any] | None = None,
+            process: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything worth knowing about where and how a snapshot was made (`process`: what
+    `process_info()` returned in the process that made it, if that was another one)."""
     info = dict(_static())
-    info.update(_accelerator())
+    info.update(process_info() if process is None else process)
     info["env"] = safe_environ()
     code = code_version(workdir)
     if code:
         info["code"] = code
     if seeds:
         info["seeds"] = seeds
-    else:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            info["seeds"] = {"torch_initial_seed": torch.initial_seed()}
     return info

@@ -211,7 +211,9 @@ class Snapshotter:
         self.keep_last, self.include_rng, self.hparams = keep_last, include_rng, hparams or {}
         self.committer = committer
         best, best_at = self._owned_best() if best_metric else (None, None)
-        self._env = self.repo_env() if env else {}
+        # the committer process captures the environment itself (git and package scans,
+        # a subprocess or two: off the training path), given what only we know
+        self._env = {} if not env or committer == "process" else self.repo_env()
         self._calls = 0
         self._held: dict[str, _Held] = {}
         self._free: list[_Region] = []
@@ -230,6 +232,10 @@ class Snapshotter:
                   "mode": mode, "best_tag": self.best_tag, "best": best, "best_at": best_at,
                   "keep_last": keep_last}
         if committer == "process":
+            if env:
+                from vrl import envinfo
+
+                config["env_process"] = envinfo.process_info()
             self._start_process(config)
         else:
             from vrl.committer import CommitWorker

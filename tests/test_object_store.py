@@ -140,3 +140,28 @@ def test_a_batch_beyond_the_spill_size_writes_several_packs(tmp_path, monkeypatc
     fresh = FileObjectStore(tmp_path / "objects")
     assert sorted(fresh.ids()) == sorted(ids)
     assert all(fresh.verify(oid) == "tensor" for oid in ids)
+
+
+def test_a_big_object_is_written_while_the_next_is_hashed(tmp_path, monkeypatch):
+    """Inside a batch a big object's bytes go to disk on a worker thread (the caller moves
+    on to hash the next one); it is readable at once, and in place after the batch."""
+    import threading
+
+    import vrl.object_store
+
+    writers: list[str] = []
+    real = vrl.object_store._write_all
+
+    def write_all(fd, data):
+        writers.append(threading.current_thread().name)
+        real(fd, data)
+
+    monkeypatch.setattr(vrl.object_store, "_write_all", write_all)
+    store = FileObjectStore(tmp_path / "objects", fsync=True)
+    payload = os.urandom(PACK_MAX + 7)
+    with store.batch():
+        big = store.write("tensor", payload)
+        assert store.read(big) == ("tensor", payload)  # waits for it if need be
+    assert writers and all(name.startswith("vrl-fsync") for name in writers)
+    assert store.loose_path(big) is not None and not list(store.temp_files())
+    assert FileObjectStore(tmp_path / "objects").read(big) == ("tensor", payload)

@@ -493,7 +493,9 @@ class FileObjectStore(ObjectStore):
                   ) -> None:
         """Atomically create `final` from chunks: temp file in the same directory, fsync,
         rename. Inside `batch()` the fsync and rename run on a worker thread, so flushing
-        one object overlaps with writing the next."""
+        one object overlaps with writing the next; a big object's writes run there too,
+        so they overlap with hashing the next one (the caller keeps `chunks` unchanged
+        until the batch ends)."""
         final = os.fspath(final)
         folder = os.path.dirname(final)
         tmp = f"{folder}/.tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -506,27 +508,41 @@ class FileObjectStore(ObjectStore):
                 # the new directory's own entry must be durable too (sync() fsyncs it)
                 self._dirty_dirs.add(os.path.dirname(folder))
                 fd = os.open(tmp, flags, 0o444)
-            try:
-                for chunk in chunks:
-                    _write_all(fd, chunk)
-            except BaseException:
-                os.close(fd)
-                raise
         except OSError as exc:
             discard(Path(tmp))
             raise storage_error(exc, self.root.parent, f"writing {what} "
                                 f"{os.path.basename(folder)}{os.path.basename(final)[:10]}"
                                 ) from exc
-        except BaseException:
-            discard(Path(tmp))
-            raise
-        if self._batching and self.fsync:
+        later = self._batching and sum(memoryview(c).nbytes for c in chunks) >= PACK_MAX
+        if not later:
+            self._fill(fd, tmp, final, what, chunks)
+        if self._batching and (self.fsync or later):
             self._inflight.add(final)
-            self._pending.append(self._executor().submit(self._finish, fd, tmp, final, what))
+            self._pending.append(self._executor().submit(
+                self._finish, fd, tmp, final, what, chunks if later else ()))
         else:
             self._finish(fd, tmp, final, what)
 
-    def _finish(self, fd: int, tmp: str, final: str, what: str) -> None:
+    def _fill(self, fd: int, tmp: str, final: str, what: str,
+              chunks: Iterable[bytes | memoryview]) -> None:
+        """Write the chunks to the temp file; on failure close and remove it."""
+        try:
+            for chunk in chunks:
+                _write_all(fd, chunk)
+        except OSError as exc:
+            os.close(fd)
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, f"writing {what} "
+                                f"{os.path.basename(os.path.dirname(final))}"
+                                f"{os.path.basename(final)[:10]}") from exc
+        except BaseException:
+            os.close(fd)
+            discard(Path(tmp))
+            raise
+
+    def _finish(self, fd: int, tmp: str, final: str, what: str,
+                chunks: Iterable[bytes | memoryview] = ()) -> None:
+        self._fill(fd, tmp, final, what, chunks)
         try:
             try:
                 if self.fsync:

@@ -567,7 +567,8 @@ class FileObjectStore(ObjectStore):
     def batch(self) -> Iterator[None]:
         """Write many objects as one: the small ones go into one pack, the fsyncs of the
         big ones overlap. Every object is in place on exit (durable after `sync()`); if
-        the body raises, the small objects it wrote are dropped (nothing refers to them)."""
+        the body raises, the small objects it wrote are dropped (nothing refers to them;
+        any already spilled to a pack stay there, unreferenced, until gc)."""
         if self._batching:
             yield
             return

@@ -142,10 +142,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         PYCACHE.append(str(tmp / "pycache"))
-        run([*vrl_cmd(args.code), "--help"], tmp)  # compiles (untimed), as installing would
         v1, v2 = tmp / "v1.safetensors", tmp / "v2.safetensors"
         save_file(model(1), str(v1))
         save_file(model(2), str(v2))
+        bench_vrl(tmp, args.code, v1, v2, 1)  # untimed: compiles, as installing would
         result: dict[str, object] = {
             "file_mb": round(v1.stat().st_size / 1e6, 1), "tensors": len(model(1)),
             "runs": args.runs, "code": str(args.code),

@@ -88,3 +88,75 @@ def test_packages_digest_follows_installed_versions(tmp_path, monkeypatch):
     one = _packages_digest()
     (tmp_path / "somepkg-1.0.dist-info").rename(tmp_path / "somepkg-1.1.dist-info")
     assert len({before, one, _packages_digest()}) == 3
+
+
+def _gitpython_code_version(path):
+    """What code_version recorded when it used GitPython (the reference)."""
+    import hashlib
+
+    import git
+
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return {}
+    info = {"root": str(repo.working_tree_dir)}
+    info["commit"] = repo.head.commit.hexsha if repo.head.is_valid() else None
+    info["branch"] = None if repo.head.is_detached else repo.active_branch.name
+    diff = repo.git.diff("HEAD") if info["commit"] else ""
+    info["dirty"] = bool(diff) or bool(repo.untracked_files)
+    if diff:
+        info["diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest()
+    return info
+
+
+def test_code_version_matches_what_gitpython_recorded(tmp_path, monkeypatch):
+    """The code version comes from `git` directly (no GitPython import, ~0.1 s of CPU),
+    field for field what GitPython gave: outside a repository, an unborn branch with
+    untracked files, clean, edited, untracked only, detached, from a subdirectory."""
+    import shutil
+    import subprocess
+
+    pytest.importorskip("git")
+    if shutil.which("git") is None:
+        pytest.skip("no git command")
+    from vrl.envinfo import code_version
+
+    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+
+    def run(*args):
+        subprocess.run(["git", "-C", str(work), *args], check=True, capture_output=True)
+
+    def same(where=work):
+        got = code_version(where)
+        assert got == _gitpython_code_version(where)
+        return got
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    assert same() == {}
+    run("init", "-q", "-b", "trunk")
+    run("config", "user.email", "t@example.com")
+    run("config", "user.name", "t")
+    (work / "train.py").write_text("lr = 3e-4\n")
+    assert same()["dirty"] is True and same()["commit"] is None  # unborn, untracked
+    run("add", "train.py")
+    run("commit", "-q", "-m", "one")
+    clean = same()
+    assert clean["branch"] == "trunk" and clean["dirty"] is False and len(clean["commit"]) == 40
+    (work / "train.py").write_text("lr = 1e-3\n")
+    edited = same(work / "sub")  # from a subdirectory too
+    assert edited["dirty"] and edited["diff_sha256"]
+    run("checkout", "-q", "train.py")
+    (work / "notes.txt").write_text("x\n")
+    assert same()["dirty"] is True and "diff_sha256" not in same()
+    run("checkout", "-q", "--detach")
+    assert same()["branch"] is None
+    # and GitPython is never imported (its import alone was most of a commit's capture)
+    import sys
+
+    probe = ("import sys; from vrl.envinfo import capture; from pathlib import Path; "
+             f"capture(Path({str(work)!r})); assert 'git' not in sys.modules")
+    subprocess.run([sys.executable, "-c", probe], check=True)

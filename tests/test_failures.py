@@ -29,7 +29,7 @@ def small_state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"actor.weight": torch.randn(16, 8, generator=g),
             "actor.bias": torch.randn(16, generator=g),
-            "critic.weight": torch.randn(128, 128, generator=g)}  # 64 KiB: memory-mapped
+            "critic.weight": torch.randn(512, 520, generator=g)}  # > 1 MiB: a loose file
 
 
 def big_state(mb: float) -> dict[str, torch.Tensor]:
@@ -90,10 +90,10 @@ def _no_debug(monkeypatch):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A real 2 MB filesystem (tmpfs), unmounted afterwards."""
+    """A real 8 MB filesystem (tmpfs), unmounted afterwards."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
                          capture_output=True, text=True, timeout=30)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip() or res.returncode}); "
@@ -112,7 +112,7 @@ def test_disk_full_during_commit_real_filesystem(small_disk, tmp_path, capsys):
     before = snapshot_of_disk(path / ".vrl")
 
     with pytest.raises(StorageError, match="disk full") as info:
-        repo.commit(big_state(3), env=False, message="too big")
+        repo.commit(big_state(12), env=False, message="too big")
     assert "\n" not in str(info.value)
     assert_unharmed(path, before, head, first)
 
@@ -120,7 +120,7 @@ def test_disk_full_during_commit_real_filesystem(small_disk, tmp_path, capsys):
     from safetensors.torch import save_file
 
     big = tmp_path / "big.safetensors"
-    save_file(big_state(3), str(big))
+    save_file(big_state(12), str(big))
     assert main(["-C", str(path), "commit", str(big), "-m", "too big", "--no-env"]) == 1
     assert "disk full" in one_line_error(capsys)
     assert_unharmed(path, before, head, first)
@@ -142,7 +142,9 @@ def test_disk_full_at_every_point_of_a_commit_real_filesystem(small_disk):
     head = repo.commit(state, env=False)
     filler = small_disk / "filler"
     outcomes = []
-    for free_pages in range(0, 40):
+    # the 1 MiB tensor takes 261 pages: the disk fills up in it, then around the pack,
+    # the reflog and the ref
+    for free_pages in [*range(0, 12), *range(255, 300)]:
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT)  # fill the disk, give some back
         try:
             while True:

@@ -2,6 +2,8 @@
 
 import blake3
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vrl.errors import CorruptObjectError
 from vrl.objects import (
@@ -87,3 +89,28 @@ def test_garbage_commit_is_reported_as_corruption():
         Commit.from_bytes(b"{not json")
     with pytest.raises(CorruptObjectError):
         Commit.from_bytes(b'{"format":1}')
+
+
+def _depth_reference(value, stop):
+    """Nesting depth by plain recursion (the definition json_depth computes faster)."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if not isinstance(value, (list, tuple)):
+        return 0
+    if stop < 1:
+        return 1
+    return 1 + max((_depth_reference(v, stop - 1) for v in value), default=0)
+
+
+_json = st.recursive(st.none() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=4) |
+                     st.tuples(inner, inner) |
+                     st.dictionaries(st.text(max_size=2), inner, max_size=4),
+                     max_leaves=40)
+
+
+@given(_json, st.integers(min_value=0, max_value=8))
+def test_json_depth_is_the_nesting_depth(value, stop):
+    from vrl.objects import json_depth
+
+    assert json_depth(value, stop) == _depth_reference(value, stop)

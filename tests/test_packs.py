@@ -25,7 +25,7 @@ def state(seed: int) -> dict[str, torch.Tensor]:
         "small.a": torch.randn(8, 8, generator=g),
         "small.b": torch.randn(30, generator=g).to(torch.bfloat16),
         "small.c": torch.arange(5) + seed,
-        "big.w": torch.randn(128, 129, generator=g),  # > 64 KiB: stays loose, mmapped
+        "big.w": torch.randn(512, 520, generator=g),  # > 1 MiB: stays loose, mmapped
     }
 
 
@@ -363,3 +363,53 @@ def test_gc_keeps_what_a_young_unreachable_commit_reaches(tmp_path):
     assert_same(state(1), fresh.load(first))  # kept: the young commit reaches it
     assert fresh.fsck()["ok"]
     assert fresh.read_commit(second).parents == (first,)
+
+
+def test_mid_sized_tensors_are_packed_and_restore_memory_mapped(tmp_path):
+    """Tensors between the memory-mapping size (64 KiB) and PACK_MAX share the commit's
+    pack (no file and fsync each) and still restore memory-mapped, from the pack."""
+    from vrl.repo import MMAP_MIN
+
+    repo = Repo.init(tmp_path / "repo")
+    g = torch.Generator().manual_seed(3)
+    mid = {"w": torch.randn(256, 256, generator=g), "v": torch.randn(64, 256, generator=g)}
+    cid = repo.commit(mid, env=False)
+    assert len(pack_files(repo)) == 1
+    assert not [p for p in (repo.vrl_dir / "objects").iterdir() if p.name != "pack"]
+    for entry in entries(repo, cid).values():
+        assert MMAP_MIN <= entry.nbytes < PACK_MAX
+        assert repo.objects.loose_path(entry.id) is None
+    fresh = Repo(repo.workdir)
+    got = fresh.load(cid)
+    assert_same(mid, got)
+    # memory-mapped, copy-on-write: writing to it never reaches the store
+    got["w"].add_(1.0)
+    assert_same(mid, Repo(repo.workdir).load(cid))
+    assert fresh.fsck()["ok"]
+
+
+def rl_policy() -> dict[str, torch.Tensor]:
+    """The benchmark's ~0.7 MB actor-critic (64 -> 256 -> 256 -> actions, twice)."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"w1": (256, 64), "b1": (256,), "w2": (256, 256), "b2": (256,), "w3": (5, 256),
+              "b3": (5,)}
+    return {f"{net}.{k}": torch.randn(*s, generator=g) for net in ("actor", "critic")
+            for k, s in shapes.items()}
+
+
+def test_a_small_policy_commit_creates_no_directory_and_one_file(tmp_path, monkeypatch):
+    """A small-policy commit is one pack, the ref and its reflogs: `init` made every
+    directory a commit needs (each new one costs a commit an fsync of its parent)."""
+    repo = Repo.init(tmp_path / "repo")
+    made: list[str] = []
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (made.append(str(p)),
+                                                        real_mkdir(p, *a, **k))[1])
+    state = rl_policy()
+    repo.commit(state, env=False)
+    state["actor.w1"].add_(1.0)
+    repo.commit(state, env=False)
+    assert made == []
+    objects = repo.vrl_dir / "objects"
+    assert sorted(p.name for p in objects.iterdir()) == ["pack"]
+    assert len(pack_files(repo)) == 2

@@ -439,3 +439,35 @@ def test_reset_hard_and_checkout_when_the_writer_fails(tmp_path, capsys, monkeyp
         assert refs_and_logs(path) == before, argv
         assert (path / "policy.safetensors").read_bytes() == written
         assert not [p for p in path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_ref_move_fsyncs_its_reflogs_and_the_ref_together(tmp_path, monkeypatch):
+    """The branch's reflog, HEAD's reflog and the ref's temp file are fsynced at once
+    (one journal commit instead of three in a row), all before the rename: the barrier
+    below is passed only by three concurrent fsyncs (one after another, it times out)."""
+    import os
+    import threading
+
+    repo, _ = history(tmp_path / "repo", 1)
+    barrier = threading.Barrier(3, timeout=5)
+    order: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if "/logs/" in path or "/.tmp-" in path and "/refs/" in path:
+            barrier.wait()
+            order.append("fsync")
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        if str(dst).endswith("refs/heads/main"):
+            order.append("rename")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    repo.commit(state(5), env=False)
+    assert order == ["fsync"] * 3 + ["rename"]
+    assert [e.new for e in repo.refs.reflog("refs/heads/main")][0] == repo.head()
+    assert repo.refs.reflog("HEAD")[0].new == repo.head()

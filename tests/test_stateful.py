@@ -2,7 +2,7 @@
 repack against a simple in-memory model of the expected history, and after every step checks
 that refs, `log`, the reflog-reachable set kept by `gc`, the pruned set, and every snapshot
 (or its refusal once pruning freed it) agree with the model. Commits write packs (their
-small tensors and manifest) and loose objects (64 KiB tensors); gc rewrites packs; repack
+small tensors and manifest) and loose objects (1 MiB tensors); gc rewrites packs; repack
 merges them."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from vrl import Repo
 from vrl.errors import PrunedError, RefConflictError, RevisionError, VrlError, WorkspaceError
 
 # Tensors are shared by every example (so the repo's "unchanged since committed" cache is
-# exercised); "a" tensors are big enough (64 KiB) for that cache and for memory-mapping.
-POOL_A = [torch.randn(128, 128, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+# exercised); "a" tensors are big enough (> 1 MiB) to be loose files, memory-mapped.
+POOL_A = [torch.randn(512, 520, generator=torch.Generator().manual_seed(k)) for k in range(3)]
 POOL_B = [
     torch.tensor(-7, dtype=torch.int8),  # 0-d
     torch.empty(0, 4, dtype=torch.float16),  # empty

@@ -217,7 +217,12 @@ def _serve(sock: socket.socket) -> int:
 
     repo = Repo(config["repo"], fsync=config["fsync"], verify=config["verify"])
     repo.load_entry = numpy_loader(repo)  # type: ignore[method-assign]
-    worker = CommitWorker(repo, ref=config["ref"], env=config["env"],
+    env = config["env"]
+    if config.get("env_process") is not None:  # the trainer left the capture to us
+        from vrl import envinfo
+
+        env = envinfo.capture(repo.workdir, process=config["env_process"])
+    worker = CommitWorker(repo, ref=config["ref"], env=env,
                           best_metric=config["best_metric"], mode=config["mode"],
                           best_tag=config["best_tag"], best=config["best"],
                           best_at=config["best_at"], keep_last=config["keep_last"])

@@ -174,10 +174,15 @@ def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
 
 
 
-PACK_MAX = 1 << 16
+PACK_MAX = 1 << 20
 """Objects with payloads smaller than this, written inside `batch()`, go into the batch's
-pack. It equals `repo.MMAP_MIN`: bigger tensors stay loose files, memory-mapped on restore
-(no copy, no read of bytes never touched)."""
+pack. A loose file costs an open, a rename, an fsync and a directory fsync (about a
+millisecond on a journalled disk), which is the time to write a MiB to the page cache:
+below that, one pack is cheaper. Bigger tensors stay loose files. Tensors from
+`repo.MMAP_MIN` up are memory-mapped on restore wherever they are (a pack maps too)."""
+PACK_SPILL = 64 << 20
+"""Staged bytes beyond this are written out as a pack at once (a commit of many
+mid-sized tensors then writes several packs instead of holding them all in memory)."""
 PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
 AUTO_MERGE = 32  # this many packs below MERGED_MAX are merged after a commit
 MERGED_MAX = 8 << 20
@@ -209,6 +214,7 @@ class FileObjectStore(ObjectStore):
         self._pending: list[Future] = []
         self._inflight: set[str] = set()
         self._staged: dict[ObjectId, bytes] = {}  # small objects of the open batch
+        self._staged_bytes = 0
         self._lock = threading.Lock()  # guards the pack tables below
         self._packs: dict[str, pack.Entries] = {}  # pack file name -> its index
         self._bad_packs: dict[str, str] = {}  # pack file name -> why it cannot be used
@@ -475,7 +481,10 @@ class FileObjectStore(ObjectStore):
             return oid
         size = memoryview(payload).nbytes
         if self._batching and size < PACK_MAX:
+            if self._staged_bytes + size > PACK_SPILL:
+                self._spill()
             self._staged[oid] = header(kind, size) + bytes(payload)
+            self._staged_bytes += HEADER_SIZE + size
             return oid
         self.write_raw(final, [header(kind, size), payload], "object")
         return oid
@@ -484,7 +493,9 @@ class FileObjectStore(ObjectStore):
                   ) -> None:
         """Atomically create `final` from chunks: temp file in the same directory, fsync,
         rename. Inside `batch()` the fsync and rename run on a worker thread, so flushing
-        one object overlaps with writing the next."""
+        one object overlaps with writing the next; a big object's writes run there too,
+        so they overlap with hashing the next one (the caller keeps `chunks` unchanged
+        until the batch ends)."""
         final = os.fspath(final)
         folder = os.path.dirname(final)
         tmp = f"{folder}/.tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -497,27 +508,41 @@ class FileObjectStore(ObjectStore):
                 # the new directory's own entry must be durable too (sync() fsyncs it)
                 self._dirty_dirs.add(os.path.dirname(folder))
                 fd = os.open(tmp, flags, 0o444)
-            try:
-                for chunk in chunks:
-                    _write_all(fd, chunk)
-            except BaseException:
-                os.close(fd)
-                raise
         except OSError as exc:
             discard(Path(tmp))
             raise storage_error(exc, self.root.parent, f"writing {what} "
                                 f"{os.path.basename(folder)}{os.path.basename(final)[:10]}"
                                 ) from exc
-        except BaseException:
-            discard(Path(tmp))
-            raise
-        if self._batching and self.fsync:
+        later = self._batching and sum(memoryview(c).nbytes for c in chunks) >= PACK_MAX
+        if not later:
+            self._fill(fd, tmp, final, what, chunks)
+        if self._batching and (self.fsync or later):
             self._inflight.add(final)
-            self._pending.append(self._executor().submit(self._finish, fd, tmp, final, what))
+            self._pending.append(self._executor().submit(
+                self._finish, fd, tmp, final, what, chunks if later else ()))
         else:
             self._finish(fd, tmp, final, what)
 
-    def _finish(self, fd: int, tmp: str, final: str, what: str) -> None:
+    def _fill(self, fd: int, tmp: str, final: str, what: str,
+              chunks: Iterable[bytes | memoryview]) -> None:
+        """Write the chunks to the temp file; on failure close and remove it."""
+        try:
+            for chunk in chunks:
+                _write_all(fd, chunk)
+        except OSError as exc:
+            os.close(fd)
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, f"writing {what} "
+                                f"{os.path.basename(os.path.dirname(final))}"
+                                f"{os.path.basename(final)[:10]}") from exc
+        except BaseException:
+            os.close(fd)
+            discard(Path(tmp))
+            raise
+
+    def _finish(self, fd: int, tmp: str, final: str, what: str,
+                chunks: Iterable[bytes | memoryview] = ()) -> None:
+        self._fill(fd, tmp, final, what, chunks)
         try:
             try:
                 if self.fsync:
@@ -542,7 +567,8 @@ class FileObjectStore(ObjectStore):
     def batch(self) -> Iterator[None]:
         """Write many objects as one: the small ones go into one pack, the fsyncs of the
         big ones overlap. Every object is in place on exit (durable after `sync()`); if
-        the body raises, the small objects it wrote are dropped (nothing refers to them)."""
+        the body raises, the small objects it wrote are dropped (nothing refers to them;
+        any already spilled to a pack stay there, unreferenced, until gc)."""
         if self._batching:
             yield
             return
@@ -552,7 +578,7 @@ class FileObjectStore(ObjectStore):
             yield
             ok = True
         finally:
-            staged, self._staged = self._staged, {}
+            staged, self._staged, self._staged_bytes = self._staged, {}, 0
             try:
                 # the pack's fsync overlaps those of the big objects still in flight
                 packed = self._write_staged(staged) if ok else None
@@ -561,6 +587,19 @@ class FileObjectStore(ObjectStore):
                 self.flush()
             if packed:
                 self._register_pack(*packed)
+
+    def _spill(self) -> None:
+        """Write the staged objects as a pack now, fsynced in this thread (so they stay
+        readable without waiting for the batch); its directory entry is made durable by
+        the next `sync()`, before anything that names them."""
+        staged, self._staged, self._staged_bytes = self._staged, {}, 0
+        if staged:
+            self._batching = False
+            try:
+                written = self._write_pack_file(staged.items())
+            finally:
+                self._batching = True
+            self._register_pack(*written)
 
     def _write_staged(self, staged: dict[ObjectId, bytes]) -> tuple[str, pack.Entries] | None:
         if len(staged) < PACK_MIN_OBJECTS:

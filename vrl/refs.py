@@ -14,8 +14,10 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -155,6 +157,10 @@ class RefStore:
         self.root = Path(root)
         self.fsync = fsync
         self.who = who
+        self._local = threading.local()  # per thread: fds whose fsync the ref write does
+
+    def _pending(self) -> list[int]:
+        return getattr(self._local, "pending", None) or []
 
     # ---------------------------------------------------------------- reading
     def _path(self, name: str) -> Path:
@@ -338,21 +344,23 @@ class RefStore:
         return True
 
     def _write_file(self, path: Path, text: str) -> None:
+        """Write the ref through a temp file renamed over it. The reflog lines appended
+        just before (`_pending` fds) are fsynced together with the temp file: all of them
+        are durable before the rename, which is all the order needs, and concurrent fsyncs
+        share the journal's commits instead of waiting for one each."""
         tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(6)}")
         try:
             make_dirs(path.parent, self.fsync)
-            with open(tmp, "w") as f:
-                f.write(text)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, text.encode())
                 if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
+                    _fsync_all([fd, *self._pending()])
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
             if self.fsync:
-                fd = os.open(path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync_dir(path.parent)
         except OSError as exc:
             discard(tmp)
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
@@ -401,6 +409,7 @@ class RefStore:
         """Reflog entries first, then the ref (as Git does): if either fails (disk full),
         the entries already appended are taken back, so the error leaves nothing changed."""
         appended: list[tuple[Path, int, int]] = []
+        self._local.pending = []  # the appended lines' fds, fsynced with the ref's file
         try:
             for log, old, new in logs:
                 appended.append(self._append_log(log, old, new, reason))
@@ -409,6 +418,10 @@ class RefStore:
             for entry in reversed(appended):
                 self._undo_log(*entry)
             raise
+        finally:
+            for fd in self._local.pending:
+                os.close(fd)
+            self._local.pending = None
 
     def set_head(self, target: str, reason: str = "") -> None:
         """Attach HEAD to a branch ref (`refs/heads/x`) or detach it at a commit id."""
@@ -437,15 +450,26 @@ class RefStore:
             make_dirs(path.parent, self.fsync)
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            pending = getattr(self._local, "pending", None)
             try:
                 written = os.write(fd, line)
                 end = os.fstat(fd).st_size
-                if self.fsync:  # durable before the ref moves (the ref is written next)
-                    os.fsync(fd)
-            finally:
+            except BaseException:
                 os.close(fd)
-            if created and self.fsync:
-                _fsync_dir(path.parent)
+                raise
+            # durable before the ref moves: with the ref's temp file when one follows
+            if pending is not None and self.fsync:
+                pending.append(fd)
+                if created:
+                    pending.append(os.open(path.parent, os.O_RDONLY))
+            else:
+                try:
+                    if self.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if created and self.fsync:
+                    _fsync_dir(path.parent)
             if written != len(line):  # a full disk can write part of the line
                 self._undo_log(path, end, written)
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -514,6 +538,24 @@ class RefStore:
     def expire_logs(self) -> None:
         for name in list(self.all_logs()):
             self._remove_log(name)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _fsync_all(fds: list[int]) -> None:
+    """fsync these files (and directories) concurrently: a journalling filesystem commits
+    them together, where one after another each waits for its own commit."""
+    global _POOL
+    if len(fds) == 1:
+        os.fsync(fds[0])
+        return
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(8, thread_name_prefix="vrl-ref-fsync")
+    futures = [_POOL.submit(os.fsync, fd) for fd in fds]
+    wait(futures)  # all done before the caller closes any of them
+    for future in futures:
+        future.result()
 
 
 def short_ref(name: str) -> str:

@@ -159,7 +159,9 @@ class Repo(Maintenance, WorkspaceMixin):
             created.append(folder)
             folder = folder.parent
         try:
-            for sub in ("objects", "refs/heads", "refs/tags", "logs"):
+            # the folders every commit needs are made (and made durable) here, once: a
+            # first commit then creates no directory, each of which costs it an fsync
+            for sub in ("objects/pack", "refs/heads", "refs/tags", "logs/refs/heads"):
                 (vrl_dir / sub).mkdir(parents=True, exist_ok=True)
             config = Config(vrl_dir / "config")
             if workspace:
@@ -171,7 +173,7 @@ class Repo(Maintenance, WorkspaceMixin):
                 os.fsync(f.fileno())
             # every directory entry durable before HEAD, and HEAD's before the repository's:
             # a power cut never leaves a repository that opens but lost its commits' refs
-            for sub in ("refs", "."):
+            for sub in ("objects", "logs/refs", "logs", "refs", "."):
                 _fsync_dir(vrl_dir / sub)
             os.replace(vrl_dir / "HEAD.tmp", vrl_dir / "HEAD")  # HEAD last: marks it complete
             _fsync_dir(vrl_dir)

@@ -121,11 +121,17 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
           threads, progress, log_every, store, from_rev, branch, snapshot_every, keep_last,
           best_metric, dirty_layers, dirty_threshold, dirty_window, dirty_refresh):
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains."""
+    from vrl.hooks import InterruptLatch
+
+    # before torch is imported: a Ctrl-C during that import is swallowed (and leaves numpy
+    # half-imported); the latch delivers it again at the next check
+    latch = click.get_current_context().with_resource(InterruptLatch())
     from trainer.config import ConfigError
     from trainer.distributed import shutdown
     from vrl import Repo
     from vrl.errors import NotARepositoryError
 
+    latch.check()
     repo = start = None
     if store or from_rev:
         repo = Repo(".")  # a VrlError ("not a vrl repository ...") is reported by vrl
@@ -144,7 +150,9 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
                               precision, out, progress, log_every, base=base,
                               threads=threads)
     except (ConfigError, ValueError, ImportError, RuntimeError) as exc:
+        latch.check()  # an import broken by a swallowed Ctrl-C: report the Ctrl-C
         raise click.ClickException(str(exc)) from exc
+    trainer.hooks.append(_InterruptCheck(latch))
     if untracked and dist.is_main:
         click.echo("vrl: not in a vrl repository, so no snapshots are kept "
                    "(`vrl init` first to keep them)", err=True)
@@ -172,6 +180,25 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
             summary["vrl/snapshots"] = len(hook.commits)
             summary["vrl/head"] = hook.commits[-1][:12] if hook.commits else None
         click.echo(json.dumps(summary, sort_keys=True))
+
+
+class _InterruptCheck:
+    """A Ctrl-C swallowed where it landed stops the run at the next iteration boundary."""
+
+    def __init__(self, latch) -> None:
+        self.latch = latch
+
+    def on_start(self, trainer) -> None:
+        self.latch.check()
+
+    def on_iteration_end(self, trainer, iteration, metrics) -> None:
+        self.latch.check()
+
+    def on_evaluation(self, trainer, iteration, metrics) -> None:
+        self.latch.check()
+
+    def on_end(self, trainer, metrics) -> None:
+        pass
 
 
 def _store_hooks(trainer, repo, start, branch, every, keep_last, best_metric, dirty,

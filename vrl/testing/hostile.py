@@ -105,14 +105,22 @@ class Attack:
         try:
             change()
         except BaseException:
-            # A write that failed changed nothing to put back. Restoring it anyway broke
-            # the suite on SFTP: a ref named `refs/heads/://` makes the write create the
-            # directory `refs/heads/:` and fail, and deleting the "absent" key then
-            # failed with "Is a directory" (seen once in ~12 runs, as Hypothesis'
+            # A write that failed left the key as it was: nothing to put back. Restoring it
+            # anyway broke the suite on SFTP: a ref named `refs/heads/://` makes the write
+            # create the directory `refs/heads/:` and fail, and deleting the "absent" key
+            # then failed with "Is a directory" (once in ~12 runs, as Hypothesis'
             # FlakyFailure: on replay the directory was there already).
-            if first:
+            if first and self._unchanged(key):
                 del self._saved[key]
             raise
+
+    def _unchanged(self, key: str) -> bool:
+        try:
+            return self.store.get(key) == self._saved[key]
+        except KeyMissing:
+            return self._saved[key] is None
+        except (VrlError, OSError):
+            return True  # no key can be read there (a directory): nothing to put back
 
     def put(self, key: str, data: bytes) -> None:
         self._change(key, lambda: self.store.put(key, data))

@@ -15,7 +15,7 @@ from helpers import assert_same, small_policy
 
 from vrl import Repo
 from vrl.errors import PrunedError, VrlError
-from vrl.hooks import Snapshotter, rng_state, set_rng_state
+from vrl.hooks import InterruptLatch, Snapshotter, rng_state, set_rng_state
 
 
 @pytest.fixture(params=["process", "thread"])
@@ -376,6 +376,88 @@ def test_sigterm_that_trips_while_the_main_thread_blocks_is_handled_promptly(tmp
     assert proc.returncode == 7 and proc.stdout.strip() == "previous handler called"
     assert time.monotonic() - start < 40  # not after the 60 s sleep
     assert [e.commit.step for e in Repo(tmp_path).log("run")] == [0]
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler, whatever the suite was started with (a background job
+    of a non-interactive shell inherits SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupt_latch_delivers_a_swallowed_ctrl_c_again(default_sigint):
+    with InterruptLatch() as latch:
+        assert signal.getsignal(signal.SIGINT) != signal.default_int_handler
+        latch.check()  # nothing yet
+        try:  # code that swallows what lands in it (a bare except, a __del__, C code)
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(30)
+        except BaseException:  # noqa: BLE001
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            latch.check()
+        with InterruptLatch() as inner, pytest.raises(KeyboardInterrupt):  # joins it
+            inner.check()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def write_module(tmp_path, monkeypatch, name, body):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_interrupt_latch_lets_an_import_finish_then_raises(default_sigint, tmp_path,
+                                                            monkeypatch):
+    """A Ctrl-C inside an import (torch's import of numpy swallowed it, and left numpy
+    half-imported) is raised once the import is done."""
+    write_module(tmp_path, monkeypatch, "ctrl_c_in_import", """
+        import signal, time
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.5)
+        DONE = True
+    """)
+    start = time.monotonic()
+    with InterruptLatch() as latch:
+        with pytest.raises(KeyboardInterrupt):
+            import ctrl_c_in_import  # noqa: F401
+            time.sleep(30)
+        assert latch.count == 1
+    assert sys.modules["ctrl_c_in_import"].DONE
+    assert time.monotonic() - start < 20
+
+
+def test_interrupt_latch_second_ctrl_c_does_not_wait_for_the_import(default_sigint, tmp_path,
+                                                                  monkeypatch):
+    write_module(tmp_path, monkeypatch, "ctrl_c_twice", """
+        import signal, time
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.3)
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(30)
+        DONE = True
+    """)
+    start = time.monotonic()
+    with InterruptLatch() as latch:
+        with pytest.raises(KeyboardInterrupt):
+            import ctrl_c_twice  # noqa: F401
+        assert latch.count == 2
+        time.sleep(0.3)  # the first one is not delivered again
+    assert "ctrl_c_twice" not in sys.modules
+    assert time.monotonic() - start < 20
+
+
+def test_interrupt_latch_leaves_other_sigint_handlers_alone(default_sigint):
+    def mine(signum, frame):
+        pass
+
+    for handler in (signal.SIG_IGN, mine):
+        signal.signal(signal.SIGINT, handler)
+        with InterruptLatch():
+            assert signal.getsignal(signal.SIGINT) is handler
+        assert signal.getsignal(signal.SIGINT) is handler
 
 
 SIGKILL_SCRIPT = textwrap.dedent("""

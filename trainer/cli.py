@@ -193,8 +193,13 @@ def train(ctx: click.Context, **options: Any) -> None:
     vrl train --from BRANCH           continue BRANCH in place (Ctrl-C prints this command)
     vrl train --from REV --branch NEW fork a new run from any snapshot
     """
+    from vrl.hooks import InterruptLatch
+
+    # before torch is imported: a Ctrl-C during that import is swallowed (and leaves numpy
+    # half-imported); the latch delivers it again at the next check
+    latch = ctx.with_resource(InterruptLatch())
     with one_line_errors():
-        _train(ctx, **options)
+        _train(ctx, latch, **options)
 
 
 def _check_run_options(o: dict[str, Any]) -> None:
@@ -229,9 +234,11 @@ def _open_repo(store: bool | None, from_rev: str | None):
     return None, False
 
 
-def _train(ctx: click.Context, **o: Any) -> None:
+def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
     from trainer.distributed import shutdown
     from trainer.store_hook import check_fits, read_run
+
+    latch.check()
 
     _check_run_options(o)
     repo, untracked = _open_repo(o["store"], o["from_rev"])
@@ -244,10 +251,16 @@ def _train(ctx: click.Context, **o: Any) -> None:
     base = {**run.config, "algo": run.algo} if run else None
     if base is not None and env != (run.env_spec or "warehouse"):
         base["env"] = {}  # the stored env options belong to the stored env
-    with one_line_errors(ValueError, ImportError, RuntimeError):  # e.g. --device cuda
-        trainer, dist = build(env, o["algo"], o["config_path"], o["overrides"], o["steps"],
-                              o["seed"], o["device"], o["precision"], o["out"],
-                              o["progress"], o["log_every"], base=base, threads=o["threads"])
+    try:
+        with one_line_errors(ValueError, ImportError, RuntimeError):  # e.g. --device cuda
+            trainer, dist = build(env, o["algo"], o["config_path"], o["overrides"],
+                                  o["steps"], o["seed"], o["device"], o["precision"],
+                                  o["out"], o["progress"], o["log_every"], base=base,
+                                  threads=o["threads"])
+    except click.ClickException:
+        latch.check()  # an import broken by a swallowed Ctrl-C: report the Ctrl-C
+        raise
+    trainer.hooks.append(_InterruptCheck(latch))
     if untracked and dist.is_main:
         click.echo("vrl: not in a vrl repository, so no snapshots are kept "
                    "(`vrl init` first to keep them)", err=True)
@@ -362,6 +375,25 @@ def _print_resume_hint(ctx, trainer, hook, branch, store, exc) -> None:
                    "again to start over", err=True)
         return
     click.echo(f"vrl: resume with: {_resume_command(ctx, branch)}", err=True)
+
+
+class _InterruptCheck:
+    """A Ctrl-C swallowed where it landed stops the run at the next iteration boundary."""
+
+    def __init__(self, latch) -> None:
+        self.latch = latch
+
+    def on_start(self, trainer) -> None:
+        self.latch.check()
+
+    def on_iteration_end(self, trainer, iteration, metrics) -> None:
+        self.latch.check()
+
+    def on_evaluation(self, trainer, iteration, metrics) -> None:
+        self.latch.check()
+
+    def on_end(self, trainer, metrics) -> None:
+        pass
 
 
 def _store_hooks(trainer, repo, run, o):

@@ -70,9 +70,13 @@ for module in (snapshots, history, refs, maintenance, remotes, viz, ui):
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: known errors become one line on stderr and exit code 1."""
+    from vrl.hooks import InterruptLatch
+
     try:
-        # Without standalone mode, click returns the code of an explicit exit (e.g. fsck's)
-        code = cli.main(args=argv, prog_name="vrl", standalone_mode=False)
+        # a Ctrl-C that lands in an import or is swallowed is not lost (see InterruptLatch)
+        with InterruptLatch():
+            # Without standalone mode, click returns the code of an explicit exit (fsck's)
+            code = cli.main(args=argv, prog_name="vrl", standalone_mode=False)
     except VrlError as exc:
         if os.environ.get("VRL_DEBUG"):
             raise

@@ -179,11 +179,11 @@ def _write_gif(make_env: Any, spec: str, kwargs: dict[str, Any], agent: torch.nn
     if not spec.startswith("gym:"):
         raise EvalError(f"--gif renders the warehouse and Gymnasium envs, not {spec!r}")
     env = _make(make_env, spec, 1, dev, seed, {**kwargs, "render_mode": "rgb_array"})
-    envs = getattr(env, "envs", None)  # the Gymnasium vector env inside the adapter
+    envs = getattr(env, "envs", None)  # the adapter's Gymnasium env copies (one here)
 
     def frame() -> np.ndarray:
         try:
-            image = envs.render() if envs is not None else None
+            image = envs[0].render() if envs else None
         except Exception as exc:  # e.g. gymnasium's DependencyNotInstalled (pygame)
             first = (str(exc).strip().splitlines() or [""])[0]
             raise EvalError(f"cannot render {spec}: {first}") from exc

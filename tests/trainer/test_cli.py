@@ -70,7 +70,8 @@ def test_python_m_trainer_help(tmp_path):
 
 
 ERRORS = [  # (args, files to write, what the one line says, also run as a real process)
-    (["--env", "gym:NoSuchEnv-v9"], {}, "cannot create env 'gym:NoSuchEnv-v9'", True),
+    (["--env", "gym:NoSuchEnv-v9"], {},
+     "gym:NoSuchEnv-v9: Environment `NoSuchEnv` doesn't exist", True),
     (["--set", "num_envs=0"], {}, "num_envs must be in [1, inf), got 0", False),
     (["--config", "bad.yaml"], {"bad.yaml": "learning_rate: [3e-4\n"}, "bad.yaml: not valid",
      True),

@@ -160,3 +160,17 @@ def test_code_version_matches_what_gitpython_recorded(tmp_path, monkeypatch):
     probe = ("import sys; from vrl.envinfo import capture; from pathlib import Path; "
              f"capture(Path({str(work)!r})); assert 'git' not in sys.modules")
     subprocess.run([sys.executable, "-c", probe], check=True)
+
+
+def test_packages_digest_ignores_a_source_trees_build_metadata(tmp_path, monkeypatch):
+    """`pip install -e .` leaves `NAME.egg-info` in the source tree; running from there
+    (the tree on sys.path) must not change the digest - the committer process runs
+    elsewhere and records the same environment as the training process."""
+    from vrl.envinfo import _packages_digest
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = _packages_digest()
+    (tmp_path / "vrl.egg-info").mkdir()
+    assert _packages_digest() == before
+    (tmp_path / "oldpkg-0.3-py3.10.egg-info").mkdir()  # an installed egg carries a version
+    assert _packages_digest() != before

@@ -76,12 +76,17 @@ def _packages_digest() -> str:
     Read from the names of the `*.dist-info` / `*.egg-info` folders on sys.path, which
     carry name and version: parsing every package's metadata cost ~0.15-0.25 s a commit.
     """
-    names: list[str] = []
+    names: set[str] = set()
     for entry in sys.path:
         try:
             with os.scandir(entry or ".") as found:
-                names += [e.name.lower() for e in found
-                          if e.name.endswith((".dist-info", ".egg-info"))]
+                # a versionless `NAME.egg-info` is a source tree's build metadata (left by
+                # `pip install -e .`), seen only when the process runs from that tree: the
+                # install itself is in site-packages, so it would make the digest depend on
+                # the working directory (and the committer process runs elsewhere)
+                names.update(e.name.lower() for e in found
+                             if e.name.endswith(".dist-info")
+                             or (e.name.endswith(".egg-info") and "-" in e.name))
         except OSError:  # a zip file or a folder that is gone
             continue
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]

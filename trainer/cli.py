@@ -23,7 +23,7 @@ def _load_algo_from_yaml(path: str | None) -> str | None:
 def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[str, ...],
           steps: int | None, seed: int | None, device: str, precision: str,
           out: str | None, progress: bool, log_every: int,
-          base: dict | None = None, threads: int | None = None):
+          base: dict | None = None, threads: int | None = None, preset: str | None = None):
     """Create (trainer, dist context) exactly as the command would; used by tests too.
 
     ``base`` is a stored config (``vrl train --from``) that --config and --set override."""
@@ -34,10 +34,12 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     from trainer.distributed import init_distributed
     from trainer.envs import make_env
     from trainer.hooks import JSONLLogger, ProgressHook, TensorBoardLogger
+    from trainer.presets import preset_algo
     from trainer.train import Trainer
 
-    algo = algo or _load_algo_from_yaml(config_path) or (base or {}).get("algo") or "ppo"
-    config = load_config(algo, config_path, overrides, base=base)
+    algo = (algo or _load_algo_from_yaml(config_path) or preset_algo(preset)
+            or (base or {}).get("algo") or "ppo")
+    config = load_config(algo, config_path, overrides, base=base, preset=preset)
     if steps is not None:
         config.total_steps = steps
     if seed is not None:
@@ -82,6 +84,10 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
               help="algorithm (default: the config file's 'algo', else ppo)")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="YAML file of config fields")
+@click.option("--preset", default=None, metavar="NAME",
+              help="a shipped configuration (trainer/presets/NAME.yaml) that reproduces a "
+                   "published run, e.g. warehouse, gspo, cleanrl; --config and --set "
+                   "override it")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a config field, e.g. --set learning_rate=3e-4 "
                    "--set env.num_agents=10 (repeatable)")
@@ -117,9 +123,10 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 @click.option("--dirty-threshold", type=float, default=0.02, show_default=True)
 @click.option("--dirty-window", type=int, default=3, show_default=True)
 @click.option("--dirty-refresh", type=int, default=10, show_default=True)
-def train(env, algo, config_path, overrides, steps, iterations, seed, device, precision, out,
-          threads, progress, log_every, store, from_rev, branch, snapshot_every, keep_last,
-          best_metric, dirty_layers, dirty_threshold, dirty_window, dirty_refresh):
+def train(env, algo, config_path, preset, overrides, steps, iterations, seed, device,
+          precision, out, threads, progress, log_every, store, from_rev, branch,
+          snapshot_every, keep_last, best_metric, dirty_layers, dirty_threshold, dirty_window,
+          dirty_refresh):
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains."""
     from trainer.config import ConfigError
     from trainer.distributed import shutdown
@@ -142,7 +149,7 @@ def train(env, algo, config_path, overrides, steps, iterations, seed, device, pr
     try:
         trainer, dist = build(env, algo, config_path, overrides, steps, seed, device,
                               precision, out, progress, log_every, base=base,
-                              threads=threads)
+                              threads=threads, preset=preset)
     except (ConfigError, ValueError, ImportError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     if untracked and dist.is_main:

@@ -14,7 +14,8 @@ def test_gspo_defaults_are_the_seeds():
     c = GSPOConfig()
     assert (c.gamma, c.gae_lambda, c.epsilon_base, c.epsilon_decay) == (0.99, 0.95, 0.2, 0.995)
     assert (c.max_grad_norm, c.hessian_interval, c.update_epochs) == (0.3, 5, 10)
-    assert (c.num_minibatches, c.num_steps) == (32, 2048)
+    # num_steps is per slot: the seed's 2048 would be 2048 x 160 samples per warehouse update
+    assert (c.num_minibatches, c.num_steps) == (32, 128)
     assert 0 < c.epsilon_min < c.epsilon_base
 
 

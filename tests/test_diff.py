@@ -143,3 +143,13 @@ def test_cli_diff_sections_only_and_json(ws, capsys):
     assert layers["algo/optimizer/state/3"] == {**layers["algo/optimizer/state/3"],
                                                 "kind": "optimizer", "parameter": "1.bias"}
     assert all(v["kind"] == "optimizer" for v in layers.values())
+
+
+def test_only_on_a_plain_checkpoint(repo):
+    repo.commit({"actor.0.weight": torch.zeros(2), "critic.0.weight": torch.zeros(2)},
+                env=False)
+    cid = repo.commit({"actor.0.weight": torch.ones(2), "critic.0.weight": torch.ones(2)},
+                      env=False)
+    diff = repo.diff(cid).with_only(["actor"])
+    assert [lc.layer for lc in diff.layers] == ["actor.0"]
+    assert diff.summary().startswith("1 of 1 layers changed materially (only actor); ")

@@ -162,9 +162,10 @@ class DiffResult:
 
     def summary(self) -> str:
         new = f"{human_bytes(self.bytes_new)} of {human_bytes(self.bytes_total)} new"
+        only = f" (only {', '.join(self.only)})" if self.only else ""
         if self.layout.model_prefix is None:
-            return (f"{len(self.material)} of {len(self.layers)} layers changed materially; "
-                    f"{new}")
+            return (f"{len(self.material)} of {len(self.layers)} layers changed materially"
+                    f"{only}; {new}")
         model, optim, other = (self.section(k) for k in ("model", "optimizer", "other"))
         parts = [f"{sum(lc.material for lc in model)} of {len(model)} model layers "
                  "changed materially"]
@@ -176,8 +177,7 @@ class DiffResult:
             shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more"
                                               if len(changed) > 4 else "")
             parts.append(f"other state changed: {shown}")
-        if self.only:
-            parts[0] += f" (only {', '.join(self.only)})"
+        parts[0] += only
         return "; ".join([*parts, new])
 
     def to_json(self) -> dict[str, Any]:

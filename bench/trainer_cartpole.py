@@ -12,7 +12,7 @@ import argparse
 import numpy as np
 from trainer_common import OUT, plot_curves, run, save
 
-from trainer.config import PPOConfig
+from trainer.config import load_config
 from trainer.envs.gym_adapter import GymVecEnv
 
 
@@ -23,7 +23,9 @@ def main() -> None:
     args = ap.parse_args()
     results, curves = [], []
     for seed in args.seeds:
-        cfg = PPOConfig(seed=seed, total_steps=args.steps)  # CleanRL's CartPole defaults
+        # CleanRL's defaults: vrl train --env gym:CartPole-v1 --preset cleanrl --seed SEED
+        cfg = load_config("ppo", preset="cleanrl")
+        cfg.seed, cfg.total_steps = seed, args.steps
         r = run(GymVecEnv("CartPole-v1", cfg.num_envs), cfg)
         last100 = r["iterations"][-1]["charts/return_last100"]
         results.append({"seed": seed, "return_last100": last100, "wall_s": r["wall_s"],

@@ -78,7 +78,7 @@ def _from_yaml(path: str | None, key: str) -> str | None:
 def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[str, ...],
           steps: int | None, seed: int | None, device: str, precision: str,
           out: str | None, progress: bool, log_every: int,
-          base: dict | None = None, threads: int | None = None):
+          base: dict | None = None, threads: int | None = None, preset: str | None = None):
     """Create (trainer, dist context) exactly as the command would; used by tests too.
 
     ``base`` is a stored config (``vrl train --from``) that --config and --set override."""
@@ -89,9 +89,11 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     from trainer.distributed import init_distributed
     from trainer.envs import make_env
     from trainer.hooks import JSONLLogger, ProgressHook, TensorBoardLogger
+    from trainer.presets import preset_algo
     from trainer.train import Trainer
 
-    algo = algo or _from_yaml(config_path, "algo") or (base or {}).get("algo") or "ppo"
+    algo = (algo or _from_yaml(config_path, "algo") or preset_algo(preset)
+            or (base or {}).get("algo") or "ppo")
     if base is not None and algo in CONFIGS:
         # a stored config of another algorithm (or an older trainer): keep what still fits
         names = {f.name for f in dataclasses.fields(CONFIGS[algo])}
@@ -101,7 +103,7 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
         overrides += (f"total_steps={steps}",)  # validated like any other field
     if seed is not None:
         overrides += (f"seed={seed}",)
-    config = load_config(algo, config_path, overrides, base=base)
+    config = load_config(algo, config_path, overrides, base=base, preset=preset)
     dev = resolve_device(device)
     if dev.type == "cpu" or threads:
         # RL policies are small: one intra-op thread is fastest, and several spin-waiting
@@ -146,6 +148,10 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
                    "else ppo)")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="YAML file of config fields")
+@click.option("--preset", default=None, metavar="NAME",
+              help="a shipped configuration (trainer/presets/NAME.yaml) that reproduces a "
+                   "published run, e.g. warehouse, gspo, cleanrl; --config and --set "
+                   "override it")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a config field, e.g. --set learning_rate=3e-4 "
                    "--set env.num_agents=10 (repeatable)")
@@ -256,7 +262,7 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
             trainer, dist = build(env, o["algo"], o["config_path"], o["overrides"],
                                   o["steps"], o["seed"], o["device"], o["precision"],
                                   o["out"], o["progress"], o["log_every"], base=base,
-                                  threads=o["threads"])
+                                  threads=o["threads"], preset=o["preset"])
     except click.ClickException:
         latch.check()  # an import broken by a swallowed Ctrl-C: report the Ctrl-C
         raise

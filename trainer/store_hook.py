@@ -41,6 +41,16 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def state_layout(trainer: Trainer) -> dict[str, Any]:
+    """What the snapshot's parts are, for `vrl diff`/`show`: model layers live under
+    `model/`, and optimizer state index i (`algo/optimizer/state/i`) belongs to the i-th
+    parameter in the optimizer's order (torch numbers them across its param groups)."""
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    params = [names.get(id(p), "?") for group in trainer.optimizer.param_groups
+              for p in group["params"]]
+    return {"model_prefix": "model/", "optimizer_params": params}
+
+
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """`trainer.state_dict(live=True)`: the Snapshotter copies the live tensors itself,
     skipping those that did not change since the last snapshot."""
@@ -108,7 +118,8 @@ class StoreHook(Hook):
         frozen = sorted(trainer.frozen_layers)
         self.snapshotter.snapshot(step=trainer.global_step, metrics=merged, message=message,
                                   meta={"iteration": iteration, "frozen_layers": frozen,
-                                        META_KEY: run_meta(trainer)})
+                                        META_KEY: run_meta(trainer),
+                                        "state_layout": state_layout(trainer)})
         self._last_snapshot_iteration = iteration
 
     def flush(self) -> None:

@@ -3,11 +3,18 @@
 A layer is a module prefix: `actor.0` groups `actor.0.weight` and `actor.0.bias`. Its
 relative change is ||new - old|| / max(||old||, eps) over all its tensors; it changed
 materially when that exceeds the threshold. Only tensors whose ids differ are read.
+Scalar step counters (an optimizer's per-parameter `step`) are left out of the statistics:
+they change every update and would make every optimizer entry look material.
+
+A training snapshot (model, optimizer, RNG, environment, counters) is read through its
+:class:`StateLayout`: model layers are counted as layers, optimizer state is grouped by the
+parameter it belongs to, everything else is "other state", never counted as a layer.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +33,67 @@ def layer_of(name: str) -> str:
         prefix = last.rpartition(".")[0]
         return f"{head}/{prefix}" if head else prefix
     return head or last
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key that orders digit runs by value: `state/2` before `state/10`."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", name) if part)
+
+
+COUNTER_NAMES = frozenset({"step", "steps", "global_step", "num_updates", "iteration"})
+
+
+def is_counter(name: str, shape: tuple[int, ...]) -> bool:
+    """A scalar step counter (Adam's `state/3/step`): its change says nothing about how
+    far the weights moved, so change statistics leave it out."""
+    return tuple(shape) == () and re.split(r"[/.]", name)[-1] in COUNTER_NAMES
+
+
+_OPTIMIZER_STATE = re.compile(r"^(.*?optimizer/)state/(\d+)$")
+MODEL_PREFIXES = ("model/", "policy/")
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """Where the parts of a snapshot live (declared in commit metadata `state_layout`, or
+    derived from the names).
+
+    ``model_prefix``: tensors under it are model layers (`model/`); None when the snapshot
+    is not a training snapshot (then every layer is a layer, as for a plain state dict).
+    ``optimizer_params``: the parameter (name under the model prefix) of each optimizer
+    state index, so `algo/optimizer/state/3` reads as `critic.2.bias`.
+    """
+
+    model_prefix: str | None = None
+    optimizer_params: tuple[str, ...] = ()
+
+    @classmethod
+    def derive(cls, layer_names: Any, meta: Mapping[str, Any] | None = None) -> StateLayout:
+        declared = (meta or {}).get("state_layout")
+        if isinstance(declared, Mapping) and isinstance(declared.get("model_prefix"), str):
+            params = declared.get("optimizer_params") or ()
+            return cls(declared["model_prefix"],
+                       tuple(str(p) for p in params if isinstance(p, str)))
+        names = list(layer_names)
+        for prefix in MODEL_PREFIXES:
+            if any(n.startswith(prefix) for n in names):
+                return cls(prefix)
+        return cls()
+
+    def kind(self, layer: str) -> str:
+        """"model", "optimizer" or "other" (always "model" without a model prefix)."""
+        if self.model_prefix is None or layer.startswith(self.model_prefix):
+            return "model"
+        return "optimizer" if _OPTIMIZER_STATE.match(layer) else "other"
+
+    def parameter(self, layer: str) -> str | None:
+        """The parameter an optimizer-state layer belongs to (None if not declared)."""
+        match = _OPTIMIZER_STATE.match(layer)
+        if match is None:
+            return None
+        index = int(match.group(2))
+        return self.optimizer_params[index] if index < len(self.optimizer_params) else None
 
 
 def human_bytes(n: float) -> str:
@@ -47,6 +115,7 @@ class TensorChange:
     old_sq: float = 0.0  # ||old||^2
     max_abs: float = 0.0
     comparable: bool = True  # False when dtype or shape changed
+    counter: bool = False  # a scalar step counter: left out of the statistics
 
 
 @dataclass
@@ -72,25 +141,81 @@ class DiffResult:
     bytes_total: int
     threshold: float
     extra: dict[str, Any] = field(default_factory=dict)
+    declared_layout: StateLayout | None = None  # from the commit's metadata, if any
+    only: tuple[str, ...] = ()  # the prefixes `with_only` kept (for the summary)
+
+    def __post_init__(self) -> None:
+        self.layers = sorted(self.layers, key=lambda lc: natural_key(lc.layer))
+
+    @property
+    def layout(self) -> StateLayout:
+        return self.declared_layout or StateLayout.derive(lc.layer for lc in self.layers)
 
     @property
     def material(self) -> list[LayerChange]:
         return [layer for layer in self.layers if layer.material]
 
+    def section(self, kind: str) -> list[LayerChange]:
+        """The layers of one kind: "model", "optimizer" or "other" (see StateLayout)."""
+        layout = self.layout
+        return [lc for lc in self.layers if layout.kind(lc.layer) == kind]
+
     def summary(self) -> str:
-        return (f"{len(self.material)} of {len(self.layers)} layers changed materially; "
-                f"{human_bytes(self.bytes_new)} of {human_bytes(self.bytes_total)} new")
+        new = f"{human_bytes(self.bytes_new)} of {human_bytes(self.bytes_total)} new"
+        only = f" (only {', '.join(self.only)})" if self.only else ""
+        if self.layout.model_prefix is None:
+            return (f"{len(self.material)} of {len(self.layers)} layers changed materially"
+                    f"{only}; {new}")
+        model, optim, other = (self.section(k) for k in ("model", "optimizer", "other"))
+        parts = [f"{sum(lc.material for lc in model)} of {len(model)} model layers "
+                 "changed materially"]
+        if optim:
+            parts.append(f"optimizer state of {sum(lc.material for lc in optim)} of "
+                         f"{len(optim)} parameters changed materially")
+        changed = [lc.layer for lc in other if lc.status != "unchanged"]
+        if changed:
+            shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more"
+                                              if len(changed) > 4 else "")
+            parts.append(f"other state changed: {shown}")
+        parts[0] += only
+        return "; ".join([*parts, new])
 
     def to_json(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "bytes_new": self.bytes_new,
-                "bytes_total": self.bytes_total, "summary": self.summary(),
-                "layers": {lc.layer: lc.to_json() for lc in self.layers}}
+        out = {"threshold": self.threshold, "bytes_new": self.bytes_new,
+               "bytes_total": self.bytes_total, "summary": self.summary(),
+               "layers": {lc.layer: lc.to_json() for lc in self.layers}}
+        layout = self.layout
+        if layout.model_prefix is not None:  # a training snapshot: say what each entry is
+            for name, entry in out["layers"].items():
+                entry["kind"] = layout.kind(name)
+                if entry["kind"] == "optimizer" and layout.parameter(name):
+                    entry["parameter"] = layout.parameter(name)
+        return out
+
+    def _replace(self, layers: list[LayerChange], **changes: Any) -> DiffResult:
+        fields = {"threshold": self.threshold, "extra": self.extra,
+                  "declared_layout": self.declared_layout, "only": self.only, **changes}
+        return DiffResult(layers, self.bytes_new, self.bytes_total, **fields)
 
     def with_threshold(self, threshold: float) -> DiffResult:
         layers = [LayerChange(lc.layer, lc.status, lc.shapes, lc.rel, lc.max_abs,
                               _is_material(lc.status, lc.rel, threshold), lc.nbytes)
                   for lc in self.layers]
-        return DiffResult(layers, self.bytes_new, self.bytes_total, threshold, self.extra)
+        return self._replace(layers, threshold=threshold)
+
+    def with_layout(self, meta: Mapping[str, Any] | None) -> DiffResult:
+        """Read the layers through the layout a commit's metadata declares (if any)."""
+        layout = StateLayout.derive((lc.layer for lc in self.layers), meta)
+        return self._replace(self.layers, declared_layout=layout)
+
+    def with_only(self, prefixes: Any) -> DiffResult:
+        """Keep the layers whose name starts with one of ``prefixes`` (`model/actor`);
+        the layout is fixed first, so the kept layers are still classified correctly."""
+        prefixes = tuple(prefixes)
+        if not prefixes:
+            return self
+        layers = [lc for lc in self.layers if lc.layer.startswith(prefixes)]
+        return self._replace(layers, declared_layout=self.layout, only=prefixes)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DiffResult:
@@ -252,6 +377,9 @@ def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], A
         elif prev.dtype != entry.dtype or prev.shape != entry.shape:
             changes.append(TensorChange(name, "changed", entry.shape, entry.nbytes,
                                         comparable=False))
+        elif is_counter(name, entry.shape):
+            changes.append(TensorChange(name, "changed", entry.shape, entry.nbytes,
+                                        counter=True))
         else:
             d2, o2, mx = tensor_change(load(prev), load(entry))
             status = "changed" if d2 > 0 or prev.id != entry.id else "unchanged"
@@ -261,9 +389,11 @@ def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], A
             changes.append(TensorChange(name, "removed", prev.shape, 0))
     # The relative change of a layer is over all its tensors: unchanged ones in a changed
     # layer still count in the denominator (e.g. a frozen bias beside a moving weight).
-    moved = {layer_of(c.name) for c in changes if c.status == "changed" and c.comparable}
+    moved = {layer_of(c.name) for c in changes
+             if c.status == "changed" and c.comparable and not c.counter}
     for change in changes:
-        if change.status == "unchanged" and layer_of(change.name) in moved:
+        if (change.status == "unchanged" and layer_of(change.name) in moved
+                and not is_counter(change.name, change.shape)):
             change.old_sq = _norm_sq(load(new.tensors[change.name]))
 
     old_ids = {e.id for e in old_entries.values()}

@@ -11,6 +11,7 @@ def test_train_warehouse_writes_jsonl(tmp_path):
         "--env", "warehouse", "--algo", "ppo", "--steps", "1024", "--seed", "3",
         "--device", "cpu", "--set", "num_envs=2", "--set", "num_steps=16",
         "--set", "env.num_agents=4", "--set", "env.max_steps=8", "--set", "hidden_sizes=[16]",
+        "--set", "num_minibatches=2", "--set", "update_epochs=2",
         "--out", str(out), "--no-progress", "--log-every", "1", "--no-store"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -106,7 +106,8 @@ def test_torchrun_cli(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_port", str(free_port()), "-m", "trainer", "--device", "cpu",
            "--steps", "2048", "--set", "num_envs=2", "--set", "num_steps=16",
-           "--set", "env.num_agents=4", "--no-progress", "--out", str(tmp_path)]
+           "--set", "env.num_agents=4", "--set", "num_minibatches=4", "--set", "update_epochs=2",
+           "--no-progress", "--out", str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trainer.config import PPOConfig
+from trainer.config import load_config
 from trainer.hooks import MetricsRecorder
 from trainer.train import Trainer
 
@@ -11,7 +11,7 @@ pytest.importorskip("gymnasium")
 def test_cartpole_ppo_improves_return():
     from trainer.envs.gym_adapter import GymVecEnv
 
-    cfg = PPOConfig(total_steps=24_576, seed=1)
+    cfg = load_config("ppo", preset="cleanrl", overrides=["total_steps=24576", "seed=1"])
     rec = MetricsRecorder()
     trainer = Trainer(GymVecEnv("CartPole-v1", cfg.num_envs), cfg, hooks=[rec])
     trainer.train()

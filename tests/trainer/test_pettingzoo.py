@@ -35,7 +35,8 @@ def test_trains_through_the_adapter():
 
     env = make_env("pettingzoo:pz_line_env:make", 2, env_kwargs={"speeds": (1, 1)})
     cfg = PPOConfig(num_envs=2, num_steps=32, total_steps=4 * 32 * 10, hidden_sizes=[8],
-                    learning_rate=1e-2, seed=1)
+                    learning_rate=1e-2, seed=1, num_minibatches=4, update_epochs=4,
+                    max_grad_norm=0.5)
     rec = MetricsRecorder()
     Trainer(env, cfg, hooks=[rec]).train()
     lengths = [r["charts/episodic_length"] for r in rec.iterations]

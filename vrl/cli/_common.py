@@ -115,15 +115,34 @@ def shapes_text(shapes: Sequence[Sequence[int]]) -> str:
 
 
 def render_diff(diff: Any, only_changed: bool = False) -> str:
-    """The layer table and its summary line."""
-    rows = []
-    for layer in diff.layers:
-        if only_changed and layer.status == "unchanged":
-            continue
-        rows.append([layer.layer, shapes_text(layer.shapes), layer.status,
-                     "-" if layer.rel is None else f"{layer.rel:.3e}",
-                     f"{layer.max_abs:.3e}" if layer.status == "changed" and layer.rel is not None
-                     else "-",
-                     "yes" if layer.material else "no"])
-    text = table(["layer", "shape", "status", "rel change", "max abs", "material"], rows)
-    return f"{text}\n{diff.summary()}"
+    """The layer table(s) and the summary line. A training snapshot gets three tables:
+    model layers, optimizer state by parameter, and other state (not counted as layers)."""
+    def stats(layer: Any) -> list[str]:
+        return [shapes_text(layer.shapes), layer.status,
+                "-" if layer.rel is None else f"{layer.rel:.3e}",
+                f"{layer.max_abs:.3e}" if layer.status == "changed" and layer.rel is not None
+                else "-",
+                "yes" if layer.material else "no"]
+
+    def shown(layers: Any) -> list[Any]:
+        return [lc for lc in layers if not (only_changed and lc.status == "unchanged")]
+
+    head = ["shape", "status", "rel change", "max abs", "material"]
+    layout = diff.layout
+    if layout.model_prefix is None:
+        text = table(["layer", *head], [[lc.layer, *stats(lc)] for lc in shown(diff.layers)])
+        return f"{text}\n{diff.summary()}"
+    prefix = layout.model_prefix
+    blocks = [table([f"model layer ({prefix})", *head],
+                    [[lc.layer[len(prefix):], *stats(lc)]
+                     for lc in shown(diff.section("model"))])]
+    optim = shown(diff.section("optimizer"))
+    if optim:
+        blocks.append(table(["optimizer state", "parameter", *head],
+                            [[lc.layer, layout.parameter(lc.layer) or "?", *stats(lc)]
+                             for lc in optim]))
+    other = shown(diff.section("other"))
+    if other:
+        blocks.append(table(["other state (not a layer)", "shape", "status"],
+                            [[lc.layer, *stats(lc)[:2]] for lc in other]))
+    return "\n\n".join(blocks) + f"\n{diff.summary()}"

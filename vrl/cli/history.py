@@ -104,17 +104,25 @@ def _flat(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, data)]
 
 
+_only_option = click.option(
+    "--only", "only", multiple=True, metavar="PREFIX",
+    help="Only layers whose name starts with PREFIX, e.g. model/ or model/actor "
+         "(repeatable).")
+
+
 @click.command()
 @click.argument("rev", default="HEAD")
 @click.option("--threshold", type=float, default=None, help="Material-change threshold.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged layers.")
+@_only_option
 @json_option
 @pass_repo
-def show(repo: Repo, rev: str, threshold: float | None, show_all: bool, as_json: bool) -> None:
+def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
+         only: tuple[str, ...], as_json: bool) -> None:
     """Show a snapshot: message, hyperparameters, environment, metrics and layer changes."""
     oid = repo.resolve(rev)
     c = repo.read_commit(oid)
-    diff = repo.diff(oid, threshold=threshold)
+    diff = repo.diff(oid, threshold=threshold).with_layout(c.meta).with_only(only)
     if as_json:
         echo_json({**c.to_json(), "id": oid, "diff": diff.to_json()})
         return
@@ -143,14 +151,16 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool, as_json:
 @click.argument("b", required=False)
 @click.option("--threshold", type=float, default=None, help="Material-change threshold.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged layers.")
+@_only_option
 @json_option
 @pass_repo
 def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show_all: bool,
-         as_json: bool) -> None:
+         only: tuple[str, ...], as_json: bool) -> None:
     """Layer-by-layer changes from A to B.
 
     With one revision: what that snapshot changed against its parent. With none: the
-    workspace checkpoint against HEAD.
+    workspace checkpoint against HEAD. A training snapshot is shown as model layers,
+    optimizer state by parameter, and other state (RNG, environment, counters).
     """
     if a is None:
         state, result = repo.workspace_status()
@@ -164,6 +174,8 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
             result = result.with_threshold(threshold)
     else:
         result = repo.diff(a, b, threshold=threshold)
+        result = result.with_layout(repo.read_commit(repo.resolve(b or a)).meta)
+    result = result.with_only(only)
     if as_json:
         echo_json(result.to_json())
     else:

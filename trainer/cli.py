@@ -123,10 +123,16 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 @click.option("--dirty-threshold", type=float, default=0.02, show_default=True)
 @click.option("--dirty-window", type=int, default=3, show_default=True)
 @click.option("--dirty-refresh", type=int, default=10, show_default=True)
+@click.option("--dirty-criterion", type=click.Choice(["threshold", "plasticity"]),
+              default="threshold", show_default=True,
+              help="threshold: one global relative change; plasticity: a layer's recent "
+              "movement over its own earlier movement (from commit statistics)")
+@click.option("--dirty-prefix-only/--no-dirty-prefix-only", default=False, show_default=True,
+              help="freeze only input-side layers (the backward pass stops before them)")
 def train(env, algo, config_path, preset, overrides, steps, iterations, seed, device,
           precision, out, threads, progress, log_every, store, from_rev, branch,
           snapshot_every, keep_last, best_metric, dirty_layers, dirty_threshold, dirty_window,
-          dirty_refresh):
+          dirty_refresh, dirty_criterion, dirty_prefix_only):
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains."""
     from trainer.config import ConfigError
     from trainer.distributed import shutdown
@@ -164,7 +170,8 @@ def train(env, algo, config_path, preset, overrides, steps, iterations, seed, de
     if store and dist.is_main:
         hook, branch = _store_hooks(trainer, repo, start, branch, snapshot_every, keep_last,
                                     best_metric, dirty_layers, dirty_threshold,
-                                    dirty_window, dirty_refresh)
+                                    dirty_window, dirty_refresh,
+                                    dirty_criterion, dirty_prefix_only)
     try:
         metrics = trainer.train(iterations)
     finally:
@@ -182,7 +189,7 @@ def train(env, algo, config_path, preset, overrides, steps, iterations, seed, de
 
 
 def _store_hooks(trainer, repo, start, branch, every, keep_last, best_metric, dirty,
-                 threshold, window, refresh):
+                 threshold, window, refresh, criterion="threshold", prefix_only=False):
     """Create the run's branch, attach HEAD to it, and add the store (and dirty-layer)
     hooks in front of the others, so they see each iteration first."""
     import time
@@ -212,7 +219,8 @@ def _store_hooks(trainer, repo, start, branch, every, keep_last, best_metric, di
     hooks = [hook]
     if dirty:
         hooks.append(DirtyLayerController(hook, DirtyLayerConfig(
-            threshold=threshold, window=window, refresh=refresh)))
+            threshold=threshold, window=window, refresh=refresh, criterion=criterion,
+            prefix_only=prefix_only)))
     trainer.hooks[:0] = hooks
     click.echo(f"vrl: committing snapshots to branch {branch}"
                + (f" (from {start[:12]})" if start else ""), err=True)

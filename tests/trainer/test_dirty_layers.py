@@ -250,3 +250,21 @@ def test_bench_quick_smoke(tmp_path):
                    capture_output=True)
     text = out.with_suffix(".md").read_text()
     assert "| finetune | 16 | plasticity |" in text and "| scratch | 16 | full |" in text
+
+
+def test_vrl_train_dirty_criterion_plasticity_prefix_only(ws, capsys):
+    from vrl import Repo
+    from vrl.cli import main
+
+    assert main(["init"]) == 0
+    small = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
+             "--set", "num_minibatches=2", "--set", "update_epochs=1", "--set",
+             "env.num_agents=4", "--set", "env.max_steps=8", "--no-progress"]
+    code = main(["train", *small, "--steps", str(10 * 2 * 16 * 4), "--branch", "p",
+                 "--dirty-layers", "--dirty-criterion", "plasticity", "--dirty-prefix-only",
+                 "--dirty-window", "1"])
+    assert code == 0, capsys.readouterr().err
+    frozen = [set(e.commit.meta["frozen_layers"]) for e in Repo(ws).log("p")]
+    layers = ["actor.0", "actor.2", "critic.0", "critic.2"]
+    assert all(f == input_side_prefixes(layers, f) for f in frozen), frozen
+    assert main(["train", *small, "--dirty-layers", "--dirty-criterion", "x"]) != 0

@@ -6,8 +6,9 @@
 Regimes:
 
 * ``scratch``: train from a fresh network on the default task.
-* ``finetune``: first train a base policy on the default task (cached under ``--cache``,
-  keyed by the settings), then change the task in three ways - another floor plan
+* ``finetune``: first train a base policy on the default task with the trainer's defaults
+  (``--pretrain-steps``; cached under ``--cache``, keyed by the settings), then change
+  the task in three ways - another floor plan
   (``--ft-layout``), more AGVs (``--ft-agents``, 20 -> 30) and a harsher collision penalty
   (``--ft-collision``) - and fine-tune from the base weights and Adam state.
 
@@ -116,9 +117,8 @@ def make_config(args: argparse.Namespace, hidden: list[int], seed: int,
 
 def base_snapshot(args: argparse.Namespace, hidden: list[int]) -> tuple[Repo, str]:
     """A policy trained on the default task (cached: reused while the settings match)."""
-    key = json.dumps({k: getattr(args, k) for k in ("algo", "envs", "agents", "steps",
-                                                   "minibatches", "epochs",
-                                                   "pretrain_iterations")}
+    key = json.dumps({k: getattr(args, k) for k in ("algo", "agents", "pretrain_steps",
+                                                   "pretrain_budget")}
                      | {"hidden": hidden}, sort_keys=True)
     path = Path(args.cache) / hashlib.sha256(key.encode()).hexdigest()[:16]
     if (path / "DONE").exists():
@@ -126,12 +126,19 @@ def base_snapshot(args: argparse.Namespace, hidden: list[int]) -> tuple[Repo, st
         return repo, repo.resolve("base")
     shutil.rmtree(path, ignore_errors=True)
     repo = Repo.init(path)
-    cfg = make_config(args, hidden, seed=0, iterations=args.pretrain_iterations)
+    if args.pretrain_budget:  # the benchmark's (small) batch and epochs
+        cfg = make_config(args, hidden, seed=0, iterations=1)
+        cfg.total_steps = args.pretrain_steps
+        env = task_env(args, finetune=False)
+    else:  # the trainer's defaults (8 worlds x 128 steps, 10 x 32 minibatches)
+        cfg = config_from_dict(args.algo, {"seed": 0, "hidden_sizes": hidden,
+                                           "total_steps": args.pretrain_steps})
+        env = WarehouseEnv(cfg.num_envs, num_agents=args.agents)
     rec = MetricsRecorder()
-    trainer = Trainer(task_env(args, finetune=False), cfg, hooks=[rec])
+    trainer = Trainer(env, cfg, hooks=[rec])
     start = time.perf_counter()
     trainer.train()
-    print(f"base {hidden}: {args.pretrain_iterations} iterations in "
+    print(f"base {hidden}: {trainer.iteration} iterations in "
           f"{time.perf_counter() - start:.0f}s, return "
           f"{rec.iterations[-1].get('charts/return_last100', float('nan')):.3f}", flush=True)
     state = {"model": trainer.agent.state_dict(), "algo": trainer.algo.state_dict()}
@@ -287,7 +294,10 @@ def main() -> None:
                    help="trunk widths, e.g. 128,128 (repeat for several sizes)")
     p.add_argument("--algo", default="ppo", choices=("ppo", "gspo"))
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--pretrain-iterations", type=int, default=60)
+    p.add_argument("--pretrain-steps", type=int, default=1_000_000,
+                   help="agent-steps of the base policy (trainer defaults otherwise)")
+    p.add_argument("--pretrain-budget", action="store_true",
+                   help="train the base with the benchmark's batch and epochs instead")
     p.add_argument("--iterations", type=int, default=30, help="fine-tune iterations")
     p.add_argument("--scratch-iterations", type=int, default=30)
     p.add_argument("--envs", type=int, default=4)
@@ -319,7 +329,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vrl-dirty-"))
     if args.quick:
         args.seeds, args.envs, args.agents, args.ft_agents, args.steps = 1, 1, 4, 6, 32
-        args.pretrain_iterations, args.iterations, args.scratch_iterations = 2, 8, 8
+        args.pretrain_steps, args.iterations, args.scratch_iterations = 256, 8, 8
+        args.pretrain_budget = True
         args.epochs, args.minibatches, args.reference, args.window = 1, 2, 2, 1
         args.warmup, args.refresh, args.ft_layout = 1, 5, "2x2"
         args.hidden = [[16]]
@@ -350,8 +361,9 @@ def main() -> None:
         "", f"{args.seeds} seeds; {args.algo}; fine-tune {args.iterations} and scratch "
         f"{args.scratch_iterations} iterations of {args.envs} worlds x {args.steps} steps "
         f"({args.agents} AGVs; fine-tune task: {args.ft_agents} AGVs, {args.ft_layout} "
-        f"blocks, collision {args.ft_collision}); base {args.pretrain_iterations} "
-        f"iterations; {args.epochs} epochs x {args.minibatches} minibatches; threshold "
+        f"blocks, collision {args.ft_collision}); base {args.pretrain_steps} "
+        f"agent-steps ({'bench budget' if args.pretrain_budget else 'trainer defaults'}); "
+        f"{args.epochs} epochs x {args.minibatches} minibatches; threshold "
         f"{args.threshold}, plasticity {args.plasticity} (window {args.window}, reference "
         f"{args.reference}), refresh {args.refresh}, warmup {args.warmup}; torch threads "
         f"{args.threads}."]

@@ -298,7 +298,9 @@ def main() -> None:
                    help="agent-steps of the base policy (trainer defaults otherwise)")
     p.add_argument("--pretrain-budget", action="store_true",
                    help="train the base with the benchmark's batch and epochs instead")
-    p.add_argument("--iterations", type=int, default=30, help="fine-tune iterations")
+    p.add_argument("--iterations", type=int, default=30,
+                   help="fine-tune budget in iterations of the default task: iterations x "
+                   "envs x steps x agents agent-steps (fewer iterations with more AGVs)")
     p.add_argument("--scratch-iterations", type=int, default=30)
     p.add_argument("--envs", type=int, default=4)
     p.add_argument("--agents", type=int, default=20)

@@ -202,6 +202,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         "return_curve": curve,
         "store_mb": size / 1e6,
         "frozen_per_iteration": [f for _, f in ctrl.history] if ctrl else [],
+        "measures": ctrl.measures if ctrl else [],
     }
 
 

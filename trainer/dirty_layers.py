@@ -10,8 +10,8 @@ one. Two criteria (``DirtyLayerConfig.criterion``):
   parent (``commit.stats["layers"]``), so the history costs no tensor loads. A layer's
   movement per commit is divided by the learning rate of that iteration (so annealing
   alone does not look like convergence); its *plasticity* is the mean movement of its
-  last ``window`` training iterations over the mean of the ``reference`` training
-  iterations before them. A layer whose plasticity fell below ``plasticity`` has stopped
+  last ``window`` training iterations over the mean of its first ``reference`` training
+  iterations in this run. A layer whose plasticity fell below ``plasticity`` has stopped
   moving *relative to itself* and is frozen; a layer that is slow but steady keeps a
   plasticity near 1 and trains on. Iterations in which a layer was frozen are skipped
   (it did not move because it could not).
@@ -59,7 +59,8 @@ class DirtyLayerConfig:
     plasticity: float = 0.5
     """plasticity criterion: freeze when recent movement / earlier movement is below this"""
     reference: int = 4
-    """plasticity criterion: training iterations before the window that form the reference"""
+    """plasticity criterion: the layer's first training iterations (in this run) that form
+    the reference movement"""
     lr_normalise: bool = True
     """plasticity criterion: divide each movement by that iteration's learning rate"""
     prefix_only: bool = False
@@ -107,12 +108,13 @@ def input_side_prefixes(layers: list[str], candidates: set[str]) -> set[str]:
 
 
 def plasticity(history: list[float], window: int, reference: int) -> float | None:
-    """Mean of the last ``window`` movements over the mean of the ``reference`` before
-    them; None until there is enough history (or the reference is zero)."""
+    """Mean of the last ``window`` movements over the mean of the first ``reference``
+    (the layer's own movement early in the run, e.g. just after a task change); None
+    until there is enough history (or the reference is zero)."""
     if len(history) < window + reference:
         return None
     recent = statistics.fmean(history[-window:])
-    earlier = statistics.fmean(history[-window - reference:-window])
+    earlier = statistics.fmean(history[:reference])
     return recent / earlier if earlier > 0 else None
 
 
@@ -146,6 +148,8 @@ class DirtyLayerController(Hook):
     """(iteration, layers frozen during it) for every iteration decided."""
     last_changes: dict[str, float | None] = field(default_factory=dict)
     """the last decision's measure per layer: relative change, or plasticity"""
+    measures: list[tuple[int, dict[str, float | None]]] = field(default_factory=list)
+    """(iteration, measure per layer) for every decision that had one"""
     _commit_data: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def on_iteration_end(self, trainer: Trainer, iteration: int,
@@ -177,6 +181,7 @@ class DirtyLayerController(Hook):
             changes = self._window_changes(commits)
             limit = cfg.threshold
         self.last_changes = changes
+        self.measures.append((upcoming, dict(changes)))
         dirty = {name for name in layers
                  if changes.get(name) is None or changes[name] > limit}  # type: ignore[operator]
         if len(dirty) < cfg.min_active:

@@ -170,6 +170,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     if arm != "full":
         dcfg = DirtyLayerConfig(criterion=arm, threshold=args.threshold, window=args.window,
                                 plasticity=args.plasticity, reference=args.reference,
+                                lr_normalise=not args.no_lr_normalise,
                                 prefix_only=arm == "plasticity", refresh=args.refresh,
                                 warmup=args.warmup, sync=True)
         ctrl = DirtyLayerController(store, dcfg)
@@ -314,6 +315,8 @@ def main() -> None:
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--plasticity", type=float, default=0.5)
     p.add_argument("--reference", type=int, default=3)
+    p.add_argument("--no-lr-normalise", action="store_true",
+                   help="plasticity on raw movement (learning-rate annealing counts)")
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--refresh", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)

@@ -361,7 +361,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "runs": rows},
+    json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
+    json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
                                                    indent=1))
     lines = table(rows) + [""] + savings(rows) + [
         "", f"{args.seeds} seeds; {args.algo}; fine-tune {args.iterations} and scratch "
@@ -373,7 +374,7 @@ def main() -> None:
         f"{args.threshold}, plasticity {args.plasticity} (window {args.window}, reference "
         f"{args.reference}), refresh {args.refresh}, warmup {args.warmup}; torch threads "
         f"{args.threads}."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    md_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

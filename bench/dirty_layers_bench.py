@@ -1,29 +1,49 @@
-"""Dirty-layer training vs full training on the warehouse with GSPO, equal step budget.
+"""Dirty-layer training vs full training on the warehouse, at equal agent-step budgets.
 
-    python bench/dirty_layers_bench.py [--seeds 3] [--iterations 40] [--threshold 0.02]
+    python bench/dirty_layers_bench.py --regime both [--seeds 3] [--hidden 128,128]
+        [--hidden 512,512,512] [--quick]
 
-Both arms snapshot every iteration into their own store (so store growth compares too);
-the dirty arm adds the DirtyLayerController, which reads layer changes back from the
-store. Reported per arm (mean +/- std over seeds): update wall time, the fraction of
-parameter-updates actually computed (a backward-FLOPs proxy: trainable parameters summed
-over iterations), final return (mean of the last 5 iterations' 100-episode return), and
-store growth. Writes bench/out/dirty_layers.json and .md.
+Regimes:
+
+* ``scratch``: train from a fresh network on the default task.
+* ``finetune``: first train a base policy on the default task with the trainer's defaults
+  (``--pretrain-steps``; cached under ``--cache``, keyed by the settings), then change
+  the task in three ways - another floor plan
+  (``--ft-layout``), more AGVs (``--ft-agents``, 20 -> 30) and a harsher collision penalty
+  (``--ft-collision``) - and fine-tune from the base weights and Adam state.
+
+Arms (``--arms``): ``full`` (every layer trains), ``threshold`` (the original criterion:
+one global relative-change threshold, any layer) and ``plasticity`` (each layer's recent
+movement over its own earlier movement, read from commit statistics; input-side prefixes
+only, so the backward pass stops before the frozen layers). Every arm snapshots every
+iteration into its own store. Reported per regime, size and arm (mean +/- std over seeds):
+update wall time, backward wall time (measured in process around ``loss.backward()``),
+update FLOPs and backward FLOPs of the Linear layers (counted from the frozen set of each
+iteration: forward, weight-gradient and input-gradient matmuls; a cached frozen prefix
+counts one forward over the rollout), optimizer steps per layer, final return and
+deliveries (mean of the last three episode ends), iterations to reach 95% of the
+full arm's final return (same seed), and store growth. Wall times on a shared machine are
+noisy; FLOPs and optimizer steps are exact. Writes bench/out/dirty_layers.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
-from trainer.agent import layer_params
-from trainer.config import GSPOConfig
+from trainer.agent import frozen_prefix_depth
+from trainer.config import PPOConfig, config_from_dict
 from trainer.dirty_layers import DirtyLayerConfig, DirtyLayerController
 from trainer.envs.warehouse import WarehouseEnv
 from trainer.hooks import Hook, MetricsRecorder
@@ -32,117 +52,329 @@ from trainer.train import Trainer
 from vrl import Repo
 
 OUT = Path(__file__).parent / "out"
+ARMS = ("full", "threshold", "plasticity")
 
 
-class TrainedParams(Hook):
-    """Counts the parameters that trained in each iteration."""
+class ComputeCounter(Hook):
+    """Per iteration, from the layers frozen during it: update and backward FLOPs of the
+    Linear layers and optimizer steps per layer. Must run before the controller changes
+    the frozen set (first hook)."""
 
     def __init__(self, trainer: Trainer) -> None:
-        self.sizes = {name: sum(p.numel() for p in ps)
-                      for name, ps in layer_params(trainer.agent).items()}
-        self.total = sum(self.sizes.values())
-        self.trained: list[int] = []
+        self.flops: list[float] = []
+        self.backward_flops: list[float] = []
+        self.steps_per_layer: dict[str, int] = {n: 0 for n in trainer.layer_names()}
+        self._last_steps = 0
 
     def on_iteration_end(self, trainer: Trainer, iteration: int, metrics: dict) -> None:
-        self.trained.append(self.total - sum(self.sizes[n] for n in trainer.frozen_layers))
+        cfg = trainer.config
+        batch = trainer.steps_per_iteration
+        steps = trainer.algo.optimizer_steps - self._last_steps
+        self._last_steps = trainer.algo.optimizer_steps
+        samples = batch // cfg.num_minibatches * cfg.num_minibatches * cfg.update_epochs
+        fwd = bwd = 0.0
+        for net_name in ("actor", "critic"):
+            net: nn.Sequential = getattr(trainer.agent, net_name)
+            cached = frozen_prefix_depth(net)
+            grad_before = False  # does any layer before this one need a gradient?
+            for i, m in enumerate(net):
+                if not isinstance(m, nn.Linear):
+                    continue
+                mac2 = 2.0 * m.in_features * m.out_features
+                trainable = m.weight.requires_grad
+                fwd += mac2 * (batch if i < cached else samples)
+                bwd += mac2 * samples * (int(trainable) + int(grad_before))
+                grad_before = grad_before or trainable
+        self.flops.append(fwd + bwd)
+        self.backward_flops.append(bwd)
+        for name in self.steps_per_layer:
+            if name not in trainer.frozen_layers:
+                self.steps_per_layer[name] += steps
 
-    def fraction(self) -> float:
-        return sum(self.trained) / (self.total * max(1, len(self.trained)))
+
+def parse_hidden(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
-def run(seed: int, dirty: bool, args: argparse.Namespace, work: Path) -> dict:
-    cfg = GSPOConfig(seed=seed, num_envs=args.envs, num_steps=args.steps,
-                     num_minibatches=args.minibatches, update_epochs=args.epochs,
-                     hidden_sizes=[args.hidden, args.hidden],
-                     total_steps=args.envs * 20 * args.steps * args.iterations)
-    env = WarehouseEnv(args.envs, num_agents=20)
-    repo_dir = work / f"{'dirty' if dirty else 'full'}-{seed}"
+def task_env(args: argparse.Namespace, finetune: bool) -> WarehouseEnv:
+    if not finetune:
+        return WarehouseEnv(args.envs, num_agents=args.agents)
+    bx, by = (int(x) for x in args.ft_layout.split("x"))
+    return WarehouseEnv(args.envs, num_agents=args.ft_agents,
+                        collision_penalty=args.ft_collision,
+                        layout_kwargs={"blocks_x": bx, "blocks_y": by})
+
+
+def make_config(args: argparse.Namespace, hidden: list[int], seed: int,
+                iterations: int) -> PPOConfig:
+    """The trainer's defaults for ``--algo``, with the benchmark's budget."""
+    return config_from_dict(args.algo, {
+        "seed": seed, "num_envs": args.envs, "num_steps": args.steps,
+        "num_minibatches": args.minibatches, "update_epochs": args.epochs,
+        "hidden_sizes": hidden,
+        "total_steps": args.envs * args.agents * args.steps * iterations})
+
+
+def base_snapshot(args: argparse.Namespace, hidden: list[int]) -> tuple[Repo, str]:
+    """A policy trained on the default task (cached: reused while the settings match)."""
+    key = json.dumps({k: getattr(args, k) for k in ("algo", "agents", "pretrain_steps",
+                                                   "pretrain_budget")}
+                     | {"hidden": hidden}, sort_keys=True)
+    path = Path(args.cache) / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if (path / "DONE").exists():
+        repo = Repo(path)
+        return repo, repo.resolve("base")
+    shutil.rmtree(path, ignore_errors=True)
+    repo = Repo.init(path)
+    if args.pretrain_budget:  # the benchmark's (small) batch and epochs
+        cfg = make_config(args, hidden, seed=0, iterations=1)
+        cfg.total_steps = args.pretrain_steps
+        env = task_env(args, finetune=False)
+    else:  # the trainer's defaults (8 worlds x 128 steps, 10 x 32 minibatches)
+        cfg = config_from_dict(args.algo, {"seed": 0, "hidden_sizes": hidden,
+                                           "total_steps": args.pretrain_steps})
+        env = WarehouseEnv(cfg.num_envs, num_agents=args.agents)
+    rec = MetricsRecorder()
+    trainer = Trainer(env, cfg, hooks=[rec])
+    start = time.perf_counter()
+    trainer.train()
+    print(f"base {hidden}: {trainer.iteration} iterations in "
+          f"{time.perf_counter() - start:.0f}s, return "
+          f"{rec.iterations[-1].get('charts/return_last100', float('nan')):.3f}", flush=True)
+    state = {"model": trainer.agent.state_dict(), "algo": trainer.algo.state_dict()}
+    cid = repo.commit(state, message="base policy", metrics=trainer.last_metrics, env=False)
+    repo.branch("base", cid)
+    (path / "DONE").write_text(key)
+    return repo, repo.resolve("base")
+
+
+def tail_mean(values: list[float], last: int = 3) -> float:
+    """Mean of the last `last` values that exist (episodes end every max_steps steps)."""
+    values = [v for v in values if v == v]
+    return statistics.fmean(values[-last:]) if values else float("nan")
+
+
+def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Namespace,
+        work: Path, base: Any) -> dict:
+    finetune = regime == "finetune"
+    iterations = args.iterations if finetune else args.scratch_iterations
+    cfg = make_config(args, hidden, seed, iterations)
+    env = task_env(args, finetune)
+    repo_dir = work / f"{regime}-{'x'.join(map(str, hidden))}-{arm}-{seed}"
     shutil.rmtree(repo_dir, ignore_errors=True)
     repo = Repo.init(repo_dir)
     store = StoreHook(repo, branch="run", best_metric=None)
     rec = MetricsRecorder()
-    hooks = [store, rec]
+    hooks: list[Hook] = [store, rec]
     ctrl = None
-    if dirty:
-        ctrl = DirtyLayerController(store, DirtyLayerConfig(
-            threshold=args.threshold, window=args.window, refresh=args.refresh,
-            warmup=args.warmup))
+    if arm != "full":
+        dcfg = DirtyLayerConfig(criterion=arm, threshold=args.threshold, window=args.window,
+                                plasticity=args.plasticity, reference=args.reference,
+                                lr_normalise=not args.no_lr_normalise,
+                                prefix_only=arm == "plasticity", refresh=args.refresh,
+                                warmup=args.warmup, sync=True)
+        ctrl = DirtyLayerController(store, dcfg)
         hooks.insert(1, ctrl)
     trainer = Trainer(env, cfg, hooks=hooks)
-    counter = TrainedParams(trainer)
-    trainer.hooks.insert(0, counter)  # before the controller changes the frozen set
+    if base is not None:
+        base_repo, base_id = base
+        state = base_repo.load(base_id)
+        trainer.agent.load_state_dict({k: torch.as_tensor(v).clone()
+                                       for k, v in state["model"].items()})
+        trainer.algo.optimizer.load_state_dict(state["algo"]["optimizer"])
+    counter = ComputeCounter(trainer)
+    trainer.hooks.insert(0, counter)  # sees the frozen set the iteration ran with
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
     its = rec.iterations
-    returns = [m.get("charts/return_last100") for m in its if "charts/return_last100" in m]
+    curve = [m.get("charts/episodic_return", float("nan")) for m in its]
     size = sum(p.stat().st_size for p in (repo.vrl_dir / "objects").rglob("*") if p.is_file())
     return {
-        "seed": seed, "dirty": dirty, "wall_s": wall,
+        "regime": regime, "hidden": hidden, "arm": arm, "seed": seed, "wall_s": wall,
         "update_s": sum(m["perf/update_s"] for m in its),
+        "backward_s": sum(m.get("perf/backward_s", 0.0) for m in its),
         "rollout_s": sum(m["perf/rollout_s"] for m in its),
-        "param_update_fraction": counter.fraction(),
-        "final_return": statistics.mean(returns[-5:]) if returns else float("nan"),
-        "deliveries": statistics.mean([m["env/deliveries"] for m in its[-5:]
-                                       if "env/deliveries" in m] or [float("nan")]),
+        "update_gflops": sum(counter.flops) / 1e9,
+        "backward_gflops": sum(counter.backward_flops) / 1e9,
+        "optimizer_steps_per_layer": counter.steps_per_layer,
+        "final_return": tail_mean(curve),
+        "deliveries": tail_mean([m.get("env/deliveries", float("nan")) for m in its]),
+        "return_curve": curve,
         "store_mb": size / 1e6,
         "frozen_per_iteration": [f for _, f in ctrl.history] if ctrl else [],
+        "measures": ctrl.measures if ctrl else [],
     }
 
 
-def summary(rows: list[dict], key: str) -> str:
-    values = [r[key] for r in rows]
-    mean = statistics.mean(values)
+def iterations_to(curve: list[float], target: float, smooth: int = 3) -> int | None:
+    """First iteration (1-based) whose running mean of `smooth` returns reaches target."""
+    seen: list[float] = []
+    for i, value in enumerate(curve, 1):
+        if value == value:
+            seen.append(value)
+            if statistics.fmean(seen[-smooth:]) >= target:
+                return i
+    return None
+
+
+def fmt(values: list[float], digits: int = 3) -> str:
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return "n/a"
+    mean = statistics.fmean(values)
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.3g} +/- {std:.2g}"
+    return f"{mean:.{digits}g} +/- {std:.2g}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| regime | trunk | arm | update s (noisy) | backward s (noisy) | update GFLOPs "
+             "| backward GFLOPs | optimizer steps per layer (mean) | final return | "
+             "deliveries | iterations to 95% | store MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["regime"], "x".join(map(str, r["hidden"])), r["arm"]),
+                          []).append(r)
+    for (regime, trunk, arm), group in groups.items():
+        full = {r["seed"]: r for r in rows if r["regime"] == regime and r["arm"] == "full"
+                and "x".join(map(str, r["hidden"])) == trunk}
+        to95 = []
+        for r in group:
+            ref = full.get(r["seed"])
+            if ref is not None and ref["final_return"] == ref["final_return"]:
+                target = ref["final_return"] - 0.05 * abs(ref["final_return"])
+                to95.append(iterations_to(r["return_curve"], target))
+        steps = [statistics.fmean(r["optimizer_steps_per_layer"].values()) for r in group]
+        reached = [t for t in to95 if t is not None]
+        lines.append(
+            f"| {regime} | {trunk} | {arm} | {fmt([r['update_s'] for r in group])} | "
+            f"{fmt([r['backward_s'] for r in group])} | "
+            f"{fmt([r['update_gflops'] for r in group], 4)} | "
+            f"{fmt([r['backward_gflops'] for r in group], 4)} | {fmt(steps, 4)} | "
+            f"{fmt([r['final_return'] for r in group])} | "
+            f"{fmt([r['deliveries'] for r in group])} | "
+            f"{fmt(reached) if reached else 'n/a'}"
+            f"{f' ({len(reached)}/{len(to95)} reached)' if len(reached) < len(to95) else ''}"
+            f" | {fmt([r['store_mb'] for r in group])} |")
+    return lines
+
+
+def savings(rows: list[dict]) -> list[str]:
+    out = []
+    keys = sorted({(r["regime"], "x".join(map(str, r["hidden"])), r["arm"]) for r in rows})
+    for regime, trunk, arm in keys:
+        if arm == "full":
+            continue
+        mine = [r for r in rows if (r["regime"], "x".join(map(str, r["hidden"])), r["arm"])
+                == (regime, trunk, arm)]
+        full = {r["seed"]: r for r in rows if (r["regime"], "x".join(map(str, r["hidden"])),
+                                                r["arm"]) == (regime, trunk, "full")}
+        pairs = [(r, full[r["seed"]]) for r in mine if r["seed"] in full]
+        if not pairs:
+            continue
+
+        def rel(key: str, pairs: list = pairs) -> str:
+            return fmt([100 * (1 - r[key] / f[key]) for r, f in pairs if f[key]], 3)
+
+        ret = fmt([100 * (r["final_return"] - f["final_return"]) / abs(f["final_return"])
+                   for r, f in pairs if f["final_return"]], 3)
+        out.append(f"- {regime}, {trunk}, {arm} vs full (per seed): update FLOPs saved "
+                   f"{rel('update_gflops')}%, backward FLOPs saved {rel('backward_gflops')}%, "
+                   f"update time saved {rel('update_s')}% (noisy), final return change "
+                   f"{ret}%")
+    return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--regime", choices=("scratch", "finetune", "both"), default="both")
+    p.add_argument("--arms", default="full,threshold,plasticity",
+                   help=f"comma-separated, from {', '.join(ARMS)}")
+    p.add_argument("--hidden", action="append", type=parse_hidden,
+                   help="trunk widths, e.g. 128,128 (repeat for several sizes)")
+    p.add_argument("--algo", default="ppo", choices=("ppo", "gspo"))
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--iterations", type=int, default=40)
-    p.add_argument("--envs", type=int, default=8)
-    p.add_argument("--steps", type=int, default=128)
+    p.add_argument("--pretrain-steps", type=int, default=1_000_000,
+                   help="agent-steps of the base policy (trainer defaults otherwise)")
+    p.add_argument("--pretrain-budget", action="store_true",
+                   help="train the base with the benchmark's batch and epochs instead")
+    p.add_argument("--iterations", type=int, default=30,
+                   help="fine-tune budget in iterations of the default task: iterations x "
+                   "envs x steps x agents agent-steps (fewer iterations with more AGVs)")
+    p.add_argument("--scratch-iterations", type=int, default=30)
+    p.add_argument("--envs", type=int, default=4)
+    p.add_argument("--agents", type=int, default=20)
+    p.add_argument("--steps", type=int, default=64)
     p.add_argument("--minibatches", type=int, default=8)
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--threshold", type=float, default=0.02)
-    p.add_argument("--window", type=int, default=3)
+    p.add_argument("--ft-agents", type=int, default=30)
+    p.add_argument("--ft-layout", default="3x4", help="shelf blocks XxY of the new plan")
+    p.add_argument("--ft-collision", type=float, default=-0.3)
+    p.add_argument("--threshold", type=float, default=0.01)
+    p.add_argument("--plasticity", type=float, default=0.5)
+    p.add_argument("--reference", type=int, default=3)
+    p.add_argument("--no-lr-normalise", action="store_true",
+                   help="plasticity on raw movement (learning-rate annealing counts)")
+    p.add_argument("--window", type=int, default=2)
     p.add_argument("--refresh", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(),
+                                                   "vrl-dirty-bench-cache"))
+    p.add_argument("--out", default=str(OUT / "dirty_layers"),
+                   help="output path without extension (.json and .md are written)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: tiny budgets, one seed, a throwaway cache")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args.hidden = args.hidden or [[128, 128]]
+    arms = [a for a in args.arms.split(",") if a]
+    if set(arms) - set(ARMS):
+        p.error(f"unknown arm(s) {sorted(set(arms) - set(ARMS))}; choose from {ARMS}")
     work = Path(tempfile.mkdtemp(prefix="vrl-dirty-"))
+    if args.quick:
+        args.seeds, args.envs, args.agents, args.ft_agents, args.steps = 1, 1, 4, 6, 32
+        args.pretrain_steps, args.iterations, args.scratch_iterations = 256, 8, 8
+        args.pretrain_budget = True
+        args.epochs, args.minibatches, args.reference, args.window = 1, 2, 2, 1
+        args.warmup, args.refresh, args.ft_layout = 1, 5, "2x2"
+        args.hidden = [[16]]
+        args.cache = str(work / "cache")
+    torch.set_num_threads(args.threads)
+    regimes = ("scratch", "finetune") if args.regime == "both" else (args.regime,)
     rows = []
     try:
-        for seed in range(1, args.seeds + 1):
-            for dirty in (False, True):
-                rows.append(run(seed, dirty, args, work))
-                r = rows[-1]
-                print(f"seed {seed} {'dirty' if dirty else 'full '}: update {r['update_s']:.1f}s"
-                      f" params {r['param_update_fraction']:.2f} return {r['final_return']:.3f}"
-                      f" store {r['store_mb']:.1f} MB", flush=True)
+        for hidden in args.hidden:
+            for regime in regimes:
+                base = base_snapshot(args, hidden) if regime == "finetune" else None
+                for seed in range(1, args.seeds + 1):
+                    for arm in arms:
+                        r = run(regime, hidden, arm, seed, args, work, base)
+                        rows.append(r)
+                        print(f"{regime} {hidden} seed {seed} {arm:10s}: update "
+                              f"{r['update_s']:.1f}s backward {r['backward_s']:.1f}s "
+                              f"GFLOPs {r['update_gflops']:.1f} return "
+                              f"{r['final_return']:.3f} deliveries {r['deliveries']:.2f} "
+                              f"store {r['store_mb']:.1f} MB", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    full = [r for r in rows if not r["dirty"]]
-    dirty_rows = [r for r in rows if r["dirty"]]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "dirty_layers.json").write_text(json.dumps({"args": vars(args), "runs": rows},
-                                                      indent=1))
-    lines = ["| arm | update time (s) | parameter updates computed | final return | "
-             "deliveries / episode | store growth (MB) |", "|---|---|---|---|---|---|"]
-    for name, group in (("full training", full), ("dirty-layer", dirty_rows)):
-        lines.append(f"| {name} | {summary(group, 'update_s')} | "
-                     f"{summary(group, 'param_update_fraction')} | "
-                     f"{summary(group, 'final_return')} | {summary(group, 'deliveries')} | "
-                     f"{summary(group, 'store_mb')} |")
-    saved = 1 - statistics.mean(r["update_s"] for r in dirty_rows) / statistics.mean(
-        r["update_s"] for r in full)
-    lines.append(f"\nUpdate time saved: {100 * saved:.1f}% ({args.seeds} seeds, "
-                 f"{args.iterations} iterations, threshold {args.threshold}, window "
-                 f"{args.window}, refresh {args.refresh}).")
-    (OUT / "dirty_layers.md").write_text("\n".join(lines) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
+    json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
+                                                   indent=1))
+    lines = table(rows) + [""] + savings(rows) + [
+        "", f"{args.seeds} seeds; {args.algo}; fine-tune {args.iterations} and scratch "
+        f"{args.scratch_iterations} iterations of {args.envs} worlds x {args.steps} steps "
+        f"({args.agents} AGVs; fine-tune task: {args.ft_agents} AGVs, {args.ft_layout} "
+        f"blocks, collision {args.ft_collision}); base {args.pretrain_steps} "
+        f"agent-steps ({'bench budget' if args.pretrain_budget else 'trainer defaults'}); "
+        f"{args.epochs} epochs x {args.minibatches} minibatches; threshold "
+        f"{args.threshold}, plasticity {args.plasticity} (window {args.window}, reference "
+        f"{args.reference}), refresh {args.refresh}, warmup {args.warmup}; torch threads "
+        f"{args.threads}."]
+    md_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -280,7 +280,8 @@ def test_eval_gif_of_a_gymnasium_env(ws, capsys, eval_plugin):
     main(["init"])
     spec = "gym:rgb_corridor:VrlCorridor-v0"
     assert main(["train", "--env", spec, "--set", "num_envs=2", "--set", "num_steps=8",
-                 "--set", "hidden_sizes=[8]", "--steps", "16", "--branch", "c",
+                 "--set", "hidden_sizes=[8]", "--set", "num_minibatches=2",
+                 "--steps", "16", "--branch", "c",
                  "--no-progress", "--device", "cpu"]) == 0
     capsys.readouterr()
     assert main(["eval", "c", "--episodes", "2", "--gif", "c.gif", "--json"]) == 0
@@ -345,8 +346,8 @@ def test_eval_honours_the_envs_action_mask(ws, capsys, eval_plugin, monkeypatch,
     main(["init"])
     assert main(["train", "--env", "gym:ma_gym_env:MALine-v0", "--set", "num_envs=2",
                  "--set", "num_steps=8", "--set", "hidden_sizes=[8]", "--set",
-                 f"env.mask={mask}", "--steps", "32", "--branch", "m", "--no-progress",
-                 "--device", "cpu"]) == 0
+                 "num_minibatches=2", "--set", f"env.mask={mask}", "--steps", "32",
+                 "--branch", "m", "--no-progress", "--device", "cpu"]) == 0
     capsys.readouterr()
     for greedy in ([], ["--greedy"]):
         assert main(["eval", "m", "--episodes", "6", "--json", *greedy]) == 0

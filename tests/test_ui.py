@@ -239,7 +239,8 @@ def test_ui_updates_when_a_commit_lands(trained, browser, shots, tmp_path):
         # `vrl train` committing a new branch while the graph is open
         open_view(browser, server.url, "graph")
         rows = len(browser.find_elements("css selector", "#graph .row"))
-        vrl_cli(ws, ["train", *SMALL, "--steps", str(10 * STEPS), "--from", "lr-high",
+        # (from lr-high~1: the commit made above is no training snapshot)
+        vrl_cli(ws, ["train", *SMALL, "--steps", str(10 * STEPS), "--from", "lr-high~1",
                      "--branch", "live-run"])
         total = len(Api(open_repo(ws)).get("graph", {})["commits"])
         assert total > rows

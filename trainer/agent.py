@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
@@ -30,6 +32,38 @@ def sample_categorical(logits: torch.Tensor, generator: torch.Generator | None) 
     return (logits + gumbel).argmax(dim=-1)
 
 
+def frozen_prefix_depth(net: nn.Sequential) -> int:
+    """How many leading modules of ``net`` (input side) have only frozen parameters.
+
+    A parameter-free module (an activation) belongs to the layer before it, so the depth
+    of a frozen first Linear in ``Linear, Tanh, Linear, ...`` is 2."""
+    depth = 0
+    for i, module in enumerate(net):
+        params = list(module.parameters())
+        if params and any(p.requires_grad for p in params):
+            break
+        depth = i + 1
+    return depth
+
+
+@dataclass
+class PrefixFeatures:
+    """Outputs of the frozen input-side prefixes of the actor and the critic for a batch.
+
+    Frozen layers do not change during an update, so their outputs on the rollout are
+    computed once (without autograd) and every minibatch of every epoch starts after
+    them: the prefix gets no forward recomputation and no backward pass at all."""
+
+    actor: torch.Tensor
+    actor_depth: int
+    critic: torch.Tensor
+    critic_depth: int
+
+    def __getitem__(self, idx: torch.Tensor) -> PrefixFeatures:
+        return PrefixFeatures(self.actor[idx], self.actor_depth, self.critic[idx],
+                              self.critic_depth)
+
+
 class Agent(nn.Module):
     """Separate actor and critic MLPs with tanh activations (discrete actions)."""
 
@@ -41,17 +75,33 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1).float()
 
+    @torch.no_grad()
+    def encode_frozen_prefix(self, x: torch.Tensor) -> PrefixFeatures | None:
+        """The frozen prefixes' outputs on ``x`` (None when neither network has one)."""
+        da, dc = frozen_prefix_depth(self.actor), frozen_prefix_depth(self.critic)
+        if da == 0 and dc == 0:
+            return None
+        return PrefixFeatures(self.actor[:da](x), da, self.critic[:dc](x), dc)
+
     def get_action_and_value(
         self,
         x: torch.Tensor,
         action: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         action_mask: torch.Tensor | None = None,
+        features: PrefixFeatures | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns ``action, logprob, entropy, value, logits`` (float32 outside autocast).
 
-        ``action_mask`` (bool, True = legal) gives illegal actions probability 0."""
-        logits = self.actor(x).float()
+        ``action_mask`` (bool, True = legal) gives illegal actions probability 0. With
+        ``features`` (see :meth:`encode_frozen_prefix`) the networks start after their
+        frozen prefixes and ``x`` is not used."""
+        if features is not None:
+            logits = self.actor[features.actor_depth:](features.actor).float()
+            value = self.critic[features.critic_depth:](features.critic).squeeze(-1).float()
+        else:
+            logits = self.actor(x).float()
+            value = self.get_value(x)
         if action_mask is not None:
             # the most negative finite number, not -inf: exp() is exactly 0 and
             # 0 * log_prob stays 0 in the entropy instead of NaN
@@ -61,7 +111,7 @@ class Agent(nn.Module):
             action = sample_categorical(logits, generator)
         logprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return action, logprob, entropy, self.get_value(x), logits
+        return action, logprob, entropy, value, logits
 
 
 def layer_params(model: nn.Module) -> dict[str, list[nn.Parameter]]:

@@ -27,7 +27,8 @@ HELP = {"help_option_names": ["-h", "--help"]}
 # options that a snapshot does not store, so a resume command must repeat them
 RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
                "best_metric", "dirty_layers", "dirty_threshold", "dirty_window",
-               "dirty_refresh", "progress", "log_every")
+               "dirty_refresh", "dirty_criterion", "dirty_prefix_only", "progress",
+               "log_every")
 
 
 class Terminated(Exception):
@@ -191,6 +192,12 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 @click.option("--dirty-threshold", type=float, default=0.02, show_default=True)
 @click.option("--dirty-window", type=int, default=3, show_default=True)
 @click.option("--dirty-refresh", type=int, default=10, show_default=True)
+@click.option("--dirty-criterion", type=click.Choice(["threshold", "plasticity"]),
+              default="threshold", show_default=True,
+              help="threshold: one global relative change; plasticity: a layer's recent "
+              "movement over its own earlier movement (from commit statistics)")
+@click.option("--dirty-prefix-only/--no-dirty-prefix-only", default=False, show_default=True,
+              help="freeze only input-side layers (the backward pass stops before them)")
 @click.pass_context
 def train(ctx: click.Context, **options: Any) -> None:
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains.
@@ -448,7 +455,8 @@ def _store_hooks(trainer, repo, run, o):
     if o["dirty_layers"]:
         hooks.append(DirtyLayerController(hook, DirtyLayerConfig(
             threshold=o["dirty_threshold"], window=o["dirty_window"],
-            refresh=o["dirty_refresh"])))
+            refresh=o["dirty_refresh"], criterion=o["dirty_criterion"],
+            prefix_only=o["dirty_prefix_only"])))
     trainer.hooks[:0] = hooks
     if continuing:
         note = f" (continuing at iteration {trainer.iteration}, step {trainer.global_step})"

@@ -1,21 +1,40 @@
-"""Dirty-layer training: only layers that changed materially keep training.
+"""Dirty-layer training: only layers that still move keep training.
 
-After each iteration the controller asks the store how far each layer moved over the last
-`window` snapshots (`repo.diff(old, new)`, computed from the stored objects in
-O(changed bytes)). A layer is *dirty* when its relative change ||new - old|| / ||old||
-exceeds `threshold`; the others are frozen for the next iteration: no gradients, no
-optimizer step, no Hessian work, and since their bytes do not change, no new objects in
-the store. Every `refresh` iterations all layers train once, so a frozen layer whose
-gradients would move it again comes back; at least `min_active` layers always train.
+After each iteration the controller decides from the store which layers train in the next
+one. Two criteria (``DirtyLayerConfig.criterion``):
 
-Decisions use the snapshots committed so far; with background commits they may lag the
-loop by the snapshot queue length (one or two iterations).
+* ``threshold`` (the original): how far each layer moved over the last ``window``
+  snapshots (``repo.diff(old, new)``, computed from the stored objects); a layer whose
+  relative change ||new - old|| / ||old|| is at most ``threshold`` is frozen.
+* ``plasticity``: each commit already records every layer's relative change against its
+  parent (``commit.stats["layers"]``), so the history costs no tensor loads. A layer's
+  movement per commit is divided by the learning rate of that iteration (so annealing
+  alone does not look like convergence); its *plasticity* is the mean movement of its
+  last ``window`` training iterations over the mean of its first ``reference`` training
+  iterations in this run. A layer whose plasticity fell below ``plasticity`` has stopped
+  moving *relative to itself* and is frozen; a layer that is slow but steady keeps a
+  plasticity near 1 and trains on. Iterations in which a layer was frozen are skipped
+  (it did not move because it could not).
+
+With ``prefix_only`` only input-side prefixes of each network are frozen (front to back,
+as in Egeria/AutoFreeze): the trainer then runs the frozen prefix once per update over the
+rollout and autograd never enters it, which saves its forward recomputation and its whole
+backward pass. A frozen layer in the middle saves only its weight gradient and optimizer
+step, since the backward pass still runs through it to the trainable layers before it.
+
+Frozen layers get no gradients, no optimizer step and no Hessian work, and since their
+bytes (weights and Adam moments) do not change, snapshots add no new objects for them.
+Every ``refresh`` iterations all layers train once, so a frozen layer can come back; at
+least ``min_active`` layers always train. Decisions use the snapshots committed so far;
+with background commits they may lag the loop by the snapshot queue (one or two
+iterations) unless ``sync``.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.hooks import Hook
 
@@ -23,26 +42,100 @@ if TYPE_CHECKING:
     from trainer.store_hook import StoreHook
     from trainer.train import Trainer
 
+CRITERIA = ("threshold", "plasticity")
+
 
 @dataclass
 class DirtyLayerConfig:
     """Settings of the dirty-layer controller."""
 
+    criterion: str = "threshold"
+    """"threshold" (one global relative-change threshold) or "plasticity" (a layer's
+    recent movement relative to its own earlier movement)"""
     threshold: float = 0.02
-    """Relative change over the window above which a layer stays trainable."""
+    """threshold criterion: relative change over the window above which a layer trains"""
     window: int = 3
-    """Snapshots between the two commits compared (the change is cumulative over them)."""
+    """snapshots compared (threshold) or recent training iterations averaged (plasticity)"""
+    plasticity: float = 0.5
+    """plasticity criterion: freeze when recent movement / earlier movement is below this"""
+    reference: int = 4
+    """plasticity criterion: the layer's first training iterations (in this run) that form
+    the reference movement"""
+    lr_normalise: bool = True
+    """plasticity criterion: divide each movement by that iteration's learning rate"""
+    prefix_only: bool = False
+    """freeze only input-side prefixes of each network (the backward pass stops before
+    them); other candidates keep training"""
     refresh: int = 10
-    """Every `refresh` iterations all layers train (so frozen layers can come back)."""
+    """every `refresh` iterations all layers train (so frozen layers can come back)"""
     min_active: int = 1
-    """Layers that always train (the ones that moved most)."""
+    """layers that always train (the ones that moved most)"""
     warmup: int = 5
-    """Iterations before any layer may be frozen."""
+    """iterations before any layer may be frozen"""
     prefix: str = "model/"
-    """Where the model's tensors live in the snapshot tree."""
+    """where the model's tensors live in the snapshot tree"""
     sync: bool = False
-    """Wait for the latest snapshot before deciding (exact decisions; the loop waits for
-    the store instead of overlapping with it)."""
+    """wait for the latest snapshot before deciding (exact decisions; the loop waits for
+    the store instead of overlapping with it)"""
+
+    def __post_init__(self) -> None:
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"unknown dirty-layer criterion {self.criterion!r}; choose "
+                             f"from {', '.join(CRITERIA)}")
+        if self.window < 1 or self.reference < 1 or self.refresh < 1:
+            raise ValueError("dirty-layer window, reference and refresh must be >= 1")
+
+
+def layer_order(name: str) -> tuple[str, int]:
+    """``actor.2`` -> ("actor", 2): the network and the position from the input side."""
+    net, _, index = name.rpartition(".")
+    return (net, int(index)) if index.isdigit() else (name, 0)
+
+
+def input_side_prefixes(layers: list[str], candidates: set[str]) -> set[str]:
+    """The candidates that, per network, form an unbroken run from its first layer."""
+    keep: set[str] = set()
+    nets: dict[str, list[tuple[int, str]]] = {}
+    for name in layers:
+        net, index = layer_order(name)
+        nets.setdefault(net, []).append((index, name))
+    for members in nets.values():
+        for _, name in sorted(members):
+            if name not in candidates:
+                break
+            keep.add(name)
+    return keep
+
+
+def plasticity(history: list[float], window: int, reference: int) -> float | None:
+    """Mean of the last ``window`` movements over the mean of the first ``reference``
+    (the layer's own movement early in the run, e.g. just after a task change); None
+    until there is enough history (or the reference is zero)."""
+    if len(history) < window + reference:
+        return None
+    recent = statistics.fmean(history[-window:])
+    earlier = statistics.fmean(history[:reference])
+    return recent / earlier if earlier > 0 else None
+
+
+def movement_history(commits: list[dict[str, Any]], prefix: str = "model/",
+                     lr_normalise: bool = True) -> dict[str, list[float]]:
+    """Per layer, its relative change in each commit in which it moved (from commit
+    statistics alone), divided by the commit's learning rate when ``lr_normalise``.
+
+    ``commits`` are ``{"stats": ..., "metrics": ...}`` mappings, oldest first."""
+    out: dict[str, list[float]] = {}
+    for commit in commits:
+        layers = (commit.get("stats") or {}).get("layers") or {}
+        lr = (commit.get("metrics") or {}).get("charts/learning_rate")
+        scale = 1.0 / lr if lr_normalise and isinstance(lr, float) and lr > 0 else 1.0
+        for name, entry in layers.items():
+            if not name.startswith(prefix) or "/" in name[len(prefix):]:
+                continue
+            if entry.get("status") in ("unchanged", "added") or entry.get("rel") is None:
+                continue  # frozen in this iteration, or no parent to compare with
+            out.setdefault(name[len(prefix):], []).append(float(entry["rel"]) * scale)
+    return out
 
 
 @dataclass
@@ -54,6 +147,10 @@ class DirtyLayerController(Hook):
     history: list[tuple[int, list[str]]] = field(default_factory=list)
     """(iteration, layers frozen during it) for every iteration decided."""
     last_changes: dict[str, float | None] = field(default_factory=dict)
+    """the last decision's measure per layer: relative change, or plasticity"""
+    measures: list[tuple[int, dict[str, float | None]]] = field(default_factory=list)
+    """(iteration, measure per layer) for every decision that had one"""
+    _commit_data: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def on_iteration_end(self, trainer: Trainer, iteration: int,
                          metrics: dict[str, float]) -> None:
@@ -77,17 +174,40 @@ class DirtyLayerController(Hook):
         if upcoming % cfg.refresh == 0 or upcoming <= cfg.warmup or \
                 len(commits) < cfg.window + 1:
             return set()
-        diff = self.store.repo.diff(commits[-1 - cfg.window], commits[-1],
-                                    threshold=cfg.threshold)
-        changes: dict[str, float | None] = {}
-        for lc in diff.layers:
-            if lc.layer.startswith(cfg.prefix):
-                changes[lc.layer[len(cfg.prefix):]] = lc.rel
+        if cfg.criterion == "plasticity":
+            changes = self._plasticities(commits)
+            limit = cfg.plasticity
+        else:
+            changes = self._window_changes(commits)
+            limit = cfg.threshold
         self.last_changes = changes
+        self.measures.append((upcoming, dict(changes)))
         dirty = {name for name in layers
-                 if name not in changes or changes[name] is None
-                 or changes[name] > cfg.threshold}  # type: ignore[operator]
+                 if changes.get(name) is None or changes[name] > limit}  # type: ignore[operator]
         if len(dirty) < cfg.min_active:
             ranked = sorted(layers, key=lambda n: changes.get(n) or 0.0, reverse=True)
             dirty.update(ranked[:cfg.min_active])
-        return set(layers) - dirty
+        frozen = set(layers) - dirty
+        if cfg.prefix_only:
+            frozen = input_side_prefixes(layers, frozen)
+        return frozen
+
+    def _window_changes(self, commits: list[str]) -> dict[str, float | None]:
+        cfg = self.config
+        diff = self.store.repo.diff(commits[-1 - cfg.window], commits[-1],
+                                    threshold=cfg.threshold)
+        return {lc.layer[len(cfg.prefix):]: lc.rel for lc in diff.layers
+                if lc.layer.startswith(cfg.prefix)}
+
+    def _plasticities(self, commits: list[str]) -> dict[str, float | None]:
+        """Plasticity per layer from the commits' statistics (no tensor is read)."""
+        cfg = self.config
+        repo = self.store.repo
+        data = []
+        for cid in commits:
+            if cid not in self._commit_data:
+                commit = repo.read_commit(cid)
+                self._commit_data[cid] = {"stats": commit.stats, "metrics": commit.metrics}
+            data.append(self._commit_data[cid])
+        history = movement_history(data, cfg.prefix, cfg.lr_normalise)
+        return {name: plasticity(h, cfg.window, cfg.reference) for name, h in history.items()}

@@ -134,7 +134,7 @@ def test_run_length_counts_only_live_agent_steps():
     # "fast" needs >= 4 of the 12 steps, "slow" never arrives: up to 1/3 of rows finished
     env = make_env("pettingzoo:pz_line_env:make", 2, env_kwargs={"max_steps": 12})
     cfg = PPOConfig(num_envs=2, num_steps=30, total_steps=4 * 30 * 6, hidden_sizes=[8],
-                    learning_rate=1e-2, seed=0)
+                    learning_rate=1e-2, seed=0, num_minibatches=4, update_epochs=4)
     trainer = Trainer(env, cfg)
     assert trainer.num_iterations == 6
     trainer.train()
@@ -154,6 +154,7 @@ def test_vrl_train_with_dict_observations_and_masks(tmp_path):
     result = CliRunner().invoke(train, [
         "--env", "pettingzoo:pz_line_env:make", "--steps", "480", "--device", "cpu",
         "--set", "num_envs=2", "--set", "num_steps=30", "--set", "hidden_sizes=[8]",
+        "--set", "num_minibatches=4",
         "--set", "env.mask=obs", "--out", str(out), "--no-progress", "--no-store"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

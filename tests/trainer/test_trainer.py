@@ -32,7 +32,7 @@ class FakeEnv:
 
 
 def test_truncation_bootstraps_termination_does_not():
-    cfg = PPOConfig(num_envs=2, num_steps=4, total_steps=8, hidden_sizes=[4])
+    cfg = PPOConfig(num_envs=2, num_steps=4, total_steps=8, hidden_sizes=[4], num_minibatches=2)
     trainer = Trainer(FakeEnv(), cfg)
     trainer.collect_rollout()
     buf = trainer.buffer

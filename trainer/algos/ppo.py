@@ -7,6 +7,7 @@ replace single steps without copying the algorithm.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -153,6 +154,7 @@ class PPO:
         self.scaler = precision.make_scaler()
         self.skipped_steps = 0
         self.optimizer_steps = 0
+        self.backward_s = 0.0  # time in backward() during the last update (perf)
 
     # ----------------------------------------------------------- overridables
     needs_output_grads = False
@@ -206,7 +208,9 @@ class PPO:
     def optimize(self, loss: torch.Tensor) -> tuple[bool, torch.Tensor]:
         """One gradient step; a non-finite gradient skips the step (counted)."""
         self.optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
         self.backward(loss)
+        self.backward_s += time.perf_counter() - t0
         params = [p for p in self.trainable_params() if p.grad is not None]
         self.dist.average_gradients(params)
         if self.scaler:
@@ -255,6 +259,12 @@ class PPO:
         batch_size = b_obs.shape[0]
         self.prepare_update(batch_size, b_advantages, progress)
 
+        # Frozen input-side layers (dirty-layer training) do not change during the update:
+        # run them once over the rollout; minibatches start after them, so autograd never
+        # enters them (no backward, no recomputed forward).
+        with self.precision.autocast():
+            features = self.agent.encode_frozen_prefix(b_obs)
+        self.backward_s = 0.0
         stats_sum: dict[str, torch.Tensor] = {}
         num_mb = 0
         for _epoch in range(cfg.update_epochs):
@@ -262,7 +272,8 @@ class PPO:
                 with self.precision.autocast():
                     _, newlogprob, entropy, newvalue, logits = self.agent.get_action_and_value(
                         b_obs[mb_inds], b_actions[mb_inds],
-                        action_mask=None if b_masks is None else b_masks[mb_inds])
+                        action_mask=None if b_masks is None else b_masks[mb_inds],
+                        features=None if features is None else features[mb_inds])
                 outputs = {"logits": logits, "value": newvalue}
                 if self.needs_output_grads:
                     for t in outputs.values():
@@ -289,6 +300,7 @@ class PPO:
         metrics["losses/explained_variance"] = (
             float("nan") if var_y == 0 else float(1 - torch.var(y_true - y_pred) / var_y))
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        metrics["perf/backward_s"] = self.backward_s
         metrics["losses/clip_coef"] = self.clip_coef
         metrics["precision/skipped_steps"] = float(self.skipped_steps)
         if self.scaler:

@@ -1,0 +1,270 @@
+"""Dirty-layer training: prefix freezing that stops the backward pass, the plasticity
+criterion from commit statistics, and the benchmark's smoke run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer.agent import Agent, frozen_prefix_depth
+from trainer.config import GSPOConfig, PPOConfig
+from trainer.dirty_layers import (
+    DirtyLayerConfig,
+    DirtyLayerController,
+    input_side_prefixes,
+    movement_history,
+    plasticity,
+)
+from trainer.envs.warehouse import WarehouseEnv
+from trainer.store_hook import StoreHook
+from trainer.train import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_trainer(config_cls=PPOConfig, iterations=4, hooks=(), hidden=(16, 16), **kw):
+    cfg = config_cls(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * iterations,
+                     hidden_sizes=list(hidden), num_minibatches=4, update_epochs=2, **kw)
+    env = WarehouseEnv(2, num_agents=4, max_steps=24,
+                       layout_kwargs=dict(blocks_x=2, blocks_y=2))
+    return Trainer(env, cfg, hooks=list(hooks))
+
+
+class CallCounter:
+    """Forward calls (with their batch sizes) and backward calls of chosen modules."""
+
+    def __init__(self, trainer, names):
+        self.forward = {n: [] for n in names}
+        self.backward = {n: 0 for n in names}
+        modules = dict(trainer.agent.named_modules())
+        for name in names:
+            modules[name].register_forward_hook(
+                lambda m, i, o, n=name: self.forward[n].append(i[0].shape[0]))
+            modules[name].register_full_backward_hook(
+                lambda m, gi, go, n=name: self.backward.__setitem__(n, self.backward[n] + 1))
+
+
+# ------------------------------------------------------------- prefix freezing
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
+def test_frozen_prefix_gets_no_backward_and_one_forward_per_update(config_cls):
+    kw = {"hessian_interval": 1} if config_cls is GSPOConfig else {}
+    trainer = make_trainer(config_cls, **kw)
+    frozen = ["actor.0", "critic.0"]
+    trainer.freeze_layers(frozen)
+    counter = CallCounter(trainer, ["actor.0", "critic.0", "actor.2", "critic.2"])
+    before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+    trainer.train(iterations=1)
+    batch = trainer.steps_per_iteration
+    mb = batch // trainer.config.num_minibatches
+    for name in frozen:
+        assert counter.backward[name] == 0, name
+        # the update ran the frozen layer once over the whole rollout, never per minibatch
+        assert counter.forward[name].count(batch) == 1 and mb not in counter.forward[name]
+    # the trainable layers after the prefix still train through their minibatches (GSPO's
+    # Hessian probes add backward passes of their own)
+    steps = trainer.config.update_epochs * trainer.config.num_minibatches
+    assert counter.backward["actor.2"] >= steps and counter.backward["critic.2"] >= steps
+    for name, p in trainer.agent.named_parameters():
+        if name.rsplit(".", 1)[0] in frozen:
+            assert p.grad is None and torch.equal(p, before[name]), name
+        else:
+            assert not torch.equal(p, before[name]), name
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_a_frozen_middle_layer_still_passes_the_backward_through():
+    """Only a prefix saves the backward pass: a frozen layer with trainable layers before
+    it gets backward calls (its input gradient) but no parameter gradients."""
+    trainer = make_trainer()
+    trainer.freeze_layers(["actor.2"])
+    counter = CallCounter(trainer, ["actor.0", "actor.2"])
+    trainer.train(iterations=1)
+    assert counter.backward["actor.2"] > 0 and counter.backward["actor.0"] > 0
+    assert all(p.grad is None for p in trainer.agent.actor[2].parameters())
+
+
+def test_prefix_features_give_the_same_outputs_as_the_full_network():
+    torch.manual_seed(0)
+    agent = Agent(10, 5, [32, 32])
+    x = torch.randn(64, 10)
+    actions = torch.randint(0, 5, (64,))
+    full = agent.get_action_and_value(x, actions)
+    for frozen in (["actor.0"], ["actor.0", "actor.2", "critic.0"],
+                   ["actor.0", "actor.2", "actor.4", "critic.0", "critic.2", "critic.4"]):
+        for name, p in agent.named_parameters():
+            p.requires_grad_(name.rsplit(".", 1)[0] not in frozen)
+        features = agent.encode_frozen_prefix(x)
+        assert features is not None and not features.actor.requires_grad
+        idx = torch.arange(10, 40)
+        part = agent.get_action_and_value(None, actions[idx], features=features[idx])
+        for a, b in zip(full[1:], part[1:], strict=True):
+            torch.testing.assert_close(a[idx], b)
+
+
+def test_frozen_prefix_depth_counts_activations_with_their_layer():
+    agent = Agent(4, 3, [8, 8])
+    assert frozen_prefix_depth(agent.actor) == 0
+    agent.actor[0].weight.requires_grad_(False)
+    assert frozen_prefix_depth(agent.actor) == 0  # its bias still trains
+    agent.actor[0].bias.requires_grad_(False)
+    assert frozen_prefix_depth(agent.actor) == 2
+    agent.actor[4].requires_grad_(False)  # not contiguous with the prefix
+    assert frozen_prefix_depth(agent.actor) == 2
+
+
+def test_frozen_prefix_adds_no_tensor_objects_model_or_optimizer(repo):
+    hook = StoreHook(repo, branch="run")
+    trainer = make_trainer(iterations=4, hooks=[hook])
+    trainer.train(iterations=2)
+    hook.flush()
+    trainer.freeze_layers(["actor.0", "critic.0"])
+    ids_before = set(repo.objects.ids())
+    first = repo.read_manifest(repo.read_commit(hook.commits[-1]).manifest).tensors
+    trainer.train(iterations=1)
+    hook.flush()
+    second = repo.read_manifest(repo.read_commit(hook.commits[-1]).manifest).tensors
+    frozen_params = {i for i, (name, _) in enumerate(trainer.agent.named_parameters())
+                     if name.startswith(("actor.0.", "critic.0."))}
+    assert frozen_params
+    frozen_entries = [n for n in second if n.startswith(("model/actor.0.", "model/critic.0."))]
+    # Adam's state of parameter i (moments and step) lives under algo/optimizer/state/<i>/
+    optim_entries = [n for n in second if n.startswith("algo/optimizer/state/")
+                     and int(n.split("/state/")[1].split("/")[0]) in frozen_params]
+    assert len(frozen_entries) == 4 and optim_entries, sorted(second)
+    new_ids = set(repo.objects.ids()) - ids_before
+    for name in frozen_entries + optim_entries:
+        assert second[name].id == first[name].id and second[name].id not in new_ids, name
+    hook.close()
+
+
+# --------------------------------------------------------- plasticity criterion
+def commit(rel: dict[str, float | None], lr: float = 1.0, unchanged=()) -> dict:
+    layers = {f"model/{k}": {"status": "modified", "rel": v} for k, v in rel.items()}
+    layers.update({f"model/{k}": {"status": "unchanged", "rel": 0.0} for k in unchanged})
+    layers["optimizer/state/0/exp_avg"] = {"status": "modified", "rel": 5.0}
+    return {"stats": {"layers": layers}, "metrics": {"charts/learning_rate": lr}}
+
+
+class FakeStore:
+    """The two things the controller reads: commit ids and commits (stats, metrics)."""
+
+    def __init__(self, commits: list[dict]) -> None:
+        self.data = {f"c{i}": c for i, c in enumerate(commits)}
+        self.commits = list(self.data)
+        self.repo = SimpleNamespace(read_commit=self.read_commit, diff=self.no_diff)
+
+    def read_commit(self, cid):
+        return SimpleNamespace(**self.data[cid])
+
+    def no_diff(self, *a, **k):
+        raise AssertionError("the plasticity criterion must not diff tensors")
+
+    def flush(self):
+        pass
+
+
+def decide(commits, layers, **cfg):
+    store = FakeStore(commits)
+    ctrl = DirtyLayerController(store, DirtyLayerConfig(
+        criterion="plasticity", window=2, reference=3, warmup=0, refresh=1000, **cfg))
+    trainer = SimpleNamespace(layer_names=lambda: layers)
+    return ctrl.decide(trainer, len(commits) + 1), ctrl
+
+
+def test_plasticity_freezes_a_layer_that_stopped_relative_to_itself_not_a_slow_steady_one():
+    # "fast" moved 0.2 per iteration and then nearly stopped (0.02); "slow" has always
+    # moved 0.005: under the global threshold 0.01 it would be frozen, but it is steady
+    history = [commit({"fast": 0.2, "slow": 0.005, "head": 0.1})] * 4 + \
+              [commit({"fast": 0.02, "slow": 0.005, "head": 0.1})] * 2
+    frozen, ctrl = decide(history, ["fast", "slow", "head"])
+    assert frozen == {"fast"}
+    assert ctrl.last_changes["fast"] == pytest.approx(0.02 / 0.2)
+    assert ctrl.last_changes["slow"] == pytest.approx(1.0)
+    assert plasticity([0.005] * 5, 2, 3) == pytest.approx(1.0)
+
+
+def test_plasticity_divides_by_the_learning_rate_and_skips_frozen_iterations():
+    # movement that falls only because the learning rate is annealed is not convergence
+    lrs = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
+    annealed = [commit({"a": 0.1 * lr, "b": 0.1 * lr}, lr=lr) for lr in lrs]
+    frozen, _ = decide(annealed, ["a", "b"])
+    assert frozen == set()
+    frozen, _ = decide(annealed, ["a", "b"], lr_normalise=False)
+    assert frozen == set()  # 0.055/0.09 = 0.61 > 0.5: still above the default
+    frozen, _ = decide(annealed, ["a", "b"], lr_normalise=False, plasticity=0.8)
+    assert len(frozen) == 1  # both look converged; min_active keeps one training
+    # iterations in which a layer was frozen (unchanged) are not movement history
+    hist = movement_history([commit({"a": 0.1}), commit({}, unchanged=["a"]),
+                             commit({"a": 0.3})])
+    assert hist == {"a": [0.1, 0.3]}  # and optimizer entries are not layers
+
+
+def test_plasticity_needs_enough_history_and_prefix_only_keeps_input_side_runs():
+    assert plasticity([1.0] * 4, 2, 3) is None
+    frozen, _ = decide([commit({"actor.0": 1.0})] * 4, ["actor.0", "critic.0"])
+    assert frozen == set()
+    layers = ["critic.0", "critic.2", "critic.4", "actor.0", "actor.2", "actor.4"]
+    assert input_side_prefixes(layers, {"critic.0", "critic.4", "actor.2"}) == {"critic.0"}
+    history = [commit({n: 1.0 for n in layers})] * 3 + \
+              [commit({**{n: 1.0 for n in layers}, "actor.2": 0.01, "critic.0": 0.01})] * 2
+    assert decide(history, layers)[0] == {"actor.2", "critic.0"}
+    assert decide(history, layers, prefix_only=True)[0] == {"critic.0"}
+
+
+def test_unknown_criterion_is_rejected():
+    with pytest.raises(ValueError, match="criterion 'x'.*threshold, plasticity"):
+        DirtyLayerConfig(criterion="x")
+
+
+def test_plasticity_controller_runs_with_a_real_store(repo):
+    hook = StoreHook(repo, branch="run")
+    cfg = DirtyLayerConfig(criterion="plasticity", window=1, reference=1, warmup=1,
+                           plasticity=1e9, prefix_only=True, sync=True)
+    ctrl = DirtyLayerController(hook, cfg)
+    trainer = make_trainer(iterations=5, hooks=[hook, ctrl])
+    trainer.train()
+    hook.close()
+    # an impossible bar freezes all but min_active layers once there is history, and
+    # only input-side runs of each network
+    layers = trainer.layer_names()
+    decided = [set(f) for _, f in ctrl.history]
+    assert any("critic.0" in f for f in decided), ctrl.history
+    assert all(f == input_side_prefixes(layers, f) and len(f) < len(layers)
+               for f in decided), ctrl.history
+    assert set(ctrl.last_changes) == set(trainer.layer_names())
+
+
+@pytest.mark.slow
+def test_bench_quick_smoke(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "bench"
+    subprocess.run([sys.executable, str(ROOT / "bench/dirty_layers_bench.py"), "--quick",
+                    "--out", str(out)], check=True, env=env, timeout=300,
+                   capture_output=True)
+    text = out.with_suffix(".md").read_text()
+    assert "| finetune | 16 | plasticity |" in text and "| scratch | 16 | full |" in text
+
+
+def test_vrl_train_dirty_criterion_plasticity_prefix_only(ws, capsys):
+    from vrl import Repo
+    from vrl.cli import main
+
+    assert main(["init"]) == 0
+    small = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
+             "--set", "num_minibatches=2", "--set", "update_epochs=1", "--set",
+             "env.num_agents=4", "--set", "env.max_steps=8", "--no-progress"]
+    code = main(["train", *small, "--steps", str(10 * 2 * 16 * 4), "--branch", "p",
+                 "--dirty-layers", "--dirty-criterion", "plasticity", "--dirty-prefix-only",
+                 "--dirty-window", "1"])
+    assert code == 0, capsys.readouterr().err
+    frozen = [set(e.commit.meta["frozen_layers"]) for e in Repo(ws).log("p")]
+    layers = ["actor.0", "actor.2", "critic.0", "critic.2"]
+    assert all(f == input_side_prefixes(layers, f) for f in frozen), frozen
+    assert main(["train", *small, "--dirty-layers", "--dirty-criterion", "x"]) != 0

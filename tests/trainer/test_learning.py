@@ -10,7 +10,7 @@ from trainer.envs.warehouse import WarehouseEnv
 from trainer.hooks import MetricsRecorder
 from trainer.train import Trainer
 
-README_STEPS = 1_024_000  # README's first command: vrl train --steps 1024000
+README_STEPS = 819_200  # README's first command: vrl train --steps 819200
 
 
 @torch.no_grad()

@@ -145,9 +145,12 @@ def test_interrupt_prints_the_command_that_resumes(tmp_path, sig, code):
 
     Repo.init(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # SIGINT back to its default in the child: a suite started in the background of a
+    # non-interactive shell (as CI may be) passes Ctrl-C on ignored, and Python keeps it so
     proc = subprocess.Popen([sys.executable, "-m", "trainer", *TINY, "--steps", "10000000",
                              "--branch", "run", "--snapshot-every", "2"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_branch(tmp_path, "run", proc)
         proc.send_signal(sig)
@@ -201,3 +204,22 @@ def test_eval_gif_without_pillow_says_how_to_install(tmp_path, monkeypatch):
     result = CliRunner().invoke(eval_command, ["HEAD", "--gif", "x.gif"])
     assert result.exit_code == 1
     assert result.output.strip() == "Error: --gif needs pillow: pip install 'vrl[plots]'"
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.4, 1.0])
+def test_python_m_trainer_ctrl_c_while_importing_exits_130(tmp_path, delay):
+    """A Ctrl-C that lands while `python -m trainer` imports torch is neither swallowed
+    (the run would train on) nor a traceback: one line, exit code 130."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *TINY, "--no-store",
+                             "--steps", "10000000"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err

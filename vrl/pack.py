@@ -99,17 +99,7 @@ def read_index(path: str) -> Entries:
     name = pack_name(path)
     if name and name != digest.hex():
         raise CorruptObjectError(f"pack {os.path.basename(path)} does not match its name")
-    entries: Entries = {}
-    end = len(PACK_HEADER)
-    for oid_raw, offset, length in sorted(ENTRY.iter_unpack(index), key=lambda e: e[1]):
-        if offset < end or length < HEADER_SIZE or offset + length > index_at:
-            raise CorruptObjectError(f"pack {os.path.basename(path)}: index entries overlap "
-                                     "or point outside the pack")
-        end = offset + length
-        entries[ObjectId(oid_raw.hex())] = (offset, length)
-    if len(entries) != count:
-        raise CorruptObjectError(f"pack {os.path.basename(path)} lists an object twice")
-    return entries
+    return _entries(index, index_at, count, os.path.basename(path))
 
 
 def check(path: str) -> list[str]:
@@ -180,6 +170,12 @@ def parse_tail(tail: bytes, size: int, label: str, name: str = "") -> Entries:
     if name and name != trailer[32:].hex():
         raise CorruptObjectError(f"pack {label} does not match its name")
     index_at = size - span
+    return _entries(index, index_at, len(index) // ENTRY.size, label)
+
+
+def _entries(index: bytes, index_at: int, count: int, label: str) -> Entries:
+    """The index's entries, checked: inside the pack before its index, not overlapping,
+    each id once (``count`` entries)."""
     entries: Entries = {}
     end = len(PACK_HEADER)
     for oid_raw, offset, length in sorted(ENTRY.iter_unpack(index), key=lambda e: e[1]):
@@ -188,7 +184,7 @@ def parse_tail(tail: bytes, size: int, label: str, name: str = "") -> Entries:
                                      "the pack")
         end = offset + length
         entries[ObjectId(oid_raw.hex())] = (offset, length)
-    if len(entries) != len(index) // ENTRY.size:
+    if len(entries) != count:
         raise CorruptObjectError(f"pack {label} lists an object twice")
     return entries
 

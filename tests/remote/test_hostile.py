@@ -1,11 +1,10 @@
 """The hostile-remote suite (vrl.testing.hostile) against every backend."""
 
-import uuid
 
 import pytest
 
 from vrl.testing.hostile import HostileRemote
-from vrl.testing.remote_conformance import RemoteCase
+from vrl.testing.remote_conformance import RemoteCase, memory_case, s3_case, ssh_case
 
 
 class TestHostileLocal(HostileRemote):
@@ -23,7 +22,7 @@ class TestHostileFileUrl(HostileRemote):
 class TestHostileMemory(HostileRemote):
     @pytest.fixture
     def remote(self):
-        return RemoteCase(f"memory://vrl-{uuid.uuid4().hex}/repo", multiprocess=False)
+        return memory_case()
 
 
 class TestHostileS3(HostileRemote):
@@ -31,12 +30,7 @@ class TestHostileS3(HostileRemote):
 
     @pytest.fixture
     def remote(self, s3):
-        import boto3
-
-        bucket = f"vrl-{uuid.uuid4().hex[:12]}"
-        endpoint = f"http://127.0.0.1:{s3.port}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        return RemoteCase(f"s3://{bucket}/team/repo", {"endpoint_url": endpoint})
+        return s3_case(s3)
 
 
 class TestHostileSsh(HostileRemote):
@@ -44,5 +38,4 @@ class TestHostileSsh(HostileRemote):
 
     @pytest.fixture
     def remote(self, ssh):
-        return RemoteCase(f"ssh://tester@127.0.0.1:{ssh.server.port}/{uuid.uuid4().hex}/repo",
-                          ssh.options())
+        return ssh_case(ssh)

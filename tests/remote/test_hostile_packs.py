@@ -27,7 +27,7 @@ from vrl.remote.base import RemoteStore, pack_key
 from vrl.remote.packs import RemotePacks
 from vrl.repo import Repo
 from vrl.testing.hostile import MEMORY_SLACK, _vm_peak
-from vrl.testing.remote_conformance import RemoteCase
+from vrl.testing.remote_conformance import RemoteCase, memory_case, s3_case, ssh_case
 
 BOMB = 1 << 32
 EXAMPLES = int(os.environ.get("VRL_HOSTILE_EXAMPLES", "30"))
@@ -202,7 +202,7 @@ class TestHostilePacksLocal(HostilePacks):
 class TestHostilePacksMemory(HostilePacks):
     @pytest.fixture
     def remote(self):
-        return RemoteCase(f"memory://vrl-{uuid.uuid4().hex}/repo", multiprocess=False)
+        return memory_case()
 
 
 class TestHostilePacksS3(HostilePacks):
@@ -210,12 +210,7 @@ class TestHostilePacksS3(HostilePacks):
 
     @pytest.fixture
     def remote(self, s3):
-        import boto3
-
-        bucket = f"vrl-{uuid.uuid4().hex[:12]}"
-        endpoint = f"http://127.0.0.1:{s3.port}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        return RemoteCase(f"s3://{bucket}/team/repo", {"endpoint_url": endpoint})
+        return s3_case(s3)
 
 
 class TestHostilePacksSsh(HostilePacks):
@@ -223,5 +218,4 @@ class TestHostilePacksSsh(HostilePacks):
 
     @pytest.fixture
     def remote(self, ssh):
-        return RemoteCase(f"ssh://tester@127.0.0.1:{ssh.server.port}/{uuid.uuid4().hex}/repo",
-                          ssh.options())
+        return ssh_case(ssh)

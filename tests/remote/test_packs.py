@@ -5,7 +5,6 @@ a metadata-only clone reads single tensors by ranges, damaged packs fail cleanly
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,9 @@ from vrl.testing.remote_conformance import (
     flip_remote_byte,
     make_big_history,
     make_history,
+    memory_case,
+    s3_case,
+    ssh_case,
 )
 
 
@@ -103,18 +105,10 @@ def remote(request, tmp_path) -> RemoteCase:
     if request.param == "local":
         return RemoteCase(str(tmp_path / "remote.vrl"))
     if request.param == "memory":
-        return RemoteCase(f"memory://vrl-{uuid.uuid4().hex}/repo", multiprocess=False)
+        return memory_case()
     if request.param == "s3":
-        import boto3
-
-        s3 = request.getfixturevalue("s3")
-        bucket = f"vrl-{uuid.uuid4().hex[:12]}"
-        endpoint = f"http://127.0.0.1:{s3.port}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        return RemoteCase(f"s3://{bucket}/team/repo", {"endpoint_url": endpoint})
-    ssh = request.getfixturevalue("ssh")
-    return RemoteCase(f"ssh://tester@127.0.0.1:{ssh.server.port}/{uuid.uuid4().hex}/repo",
-                      ssh.options())
+        return s3_case(request.getfixturevalue("s3"))
+    return ssh_case(request.getfixturevalue("ssh"))
 
 
 def source(tmp_path: Path, remote: RemoteCase, name: str = "src") -> Repo:

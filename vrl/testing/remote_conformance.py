@@ -38,6 +38,33 @@ class RemoteCase:
     restart_server: Callable[[], None] | None = None  # ... and bring it back, state kept
 
 
+def memory_case() -> RemoteCase:
+    """A fresh in-process memory:// remote."""
+    import uuid
+
+    return RemoteCase(f"memory://vrl-{uuid.uuid4().hex}/repo", multiprocess=False)
+
+
+def s3_case(server: Any) -> RemoteCase:
+    """A fresh bucket on the test S3 server (vrl.testing.servers.s3_server)."""
+    import uuid
+
+    import boto3
+
+    bucket = f"vrl-{uuid.uuid4().hex[:12]}"
+    endpoint = f"http://127.0.0.1:{server.port}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return RemoteCase(f"s3://{bucket}/team/repo", {"endpoint_url": endpoint})
+
+
+def ssh_case(setup: Any, **extra: Any) -> RemoteCase:
+    """A fresh directory on the test SFTP server (vrl.testing.servers.sftp_server)."""
+    import uuid
+
+    return RemoteCase(f"ssh://tester@127.0.0.1:{setup.server.port}/{uuid.uuid4().hex}/repo",
+                      setup.options(), **extra)
+
+
 class FailingStore(RemoteStore):
     """Wraps a store; after `after` object uploads it fails (or calls `on_fail`) - a cut
     connection or a server that died mid-push."""

@@ -15,7 +15,8 @@ from helpers import assert_same, small_policy
 
 from vrl import Repo
 from vrl.errors import PrunedError, VrlError
-from vrl.hooks import InterruptLatch, Snapshotter, rng_state, set_rng_state
+from vrl.hooks import Snapshotter, rng_state, set_rng_state
+from vrl.interrupt import InterruptLatch
 
 
 @pytest.fixture(params=["process", "thread"])

@@ -2,26 +2,30 @@
 
 import sys
 
-import click
-
-from vrl.hooks import InterruptLatch
+from vrl.interrupt import InterruptLatch
 
 
 def main() -> int:
-    # installed before trainer.cli imports torch: a Ctrl-C that lands in that import is
-    # deferred until it ends (not swallowed), as `vrl` does for every command
+    # installed before click and trainer.cli (torch) are imported: a Ctrl-C that lands in
+    # those imports is deferred until they end (not swallowed), as `vrl` does for every
+    # command; the package imports nothing, so only interpreter start-up comes before this
     try:
         with InterruptLatch():
+            import click
+
             from trainer.cli import train
 
-            # not standalone, click returns the code of a click.exceptions.Exit (130/143)
-            code = train.main(prog_name="python -m trainer", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except (KeyboardInterrupt, click.exceptions.Abort):
+            try:
+                # not standalone, click returns the code of a click.exceptions.Exit (130/143)
+                code = train.main(prog_name="python -m trainer", standalone_mode=False)
+            except click.ClickException as exc:
+                exc.show()
+                return exc.exit_code
+            except click.exceptions.Exit as exc:
+                return exc.exit_code
+            except click.exceptions.Abort:
+                raise KeyboardInterrupt from None
+    except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     return code if isinstance(code, int) else 0

@@ -206,7 +206,7 @@ def train(ctx: click.Context, **options: Any) -> None:
     vrl train --from BRANCH           continue BRANCH in place (Ctrl-C prints this command)
     vrl train --from REV --branch NEW fork a new run from any snapshot
     """
-    from vrl.hooks import InterruptLatch
+    from vrl.interrupt import InterruptLatch
 
     # before torch is imported: a Ctrl-C during that import is swallowed (and leaves numpy
     # half-imported); the latch delivers it again at the next check

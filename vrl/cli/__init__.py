@@ -70,7 +70,7 @@ for module in (snapshots, history, refs, maintenance, remotes, viz, ui):
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: known errors become one line on stderr and exit code 1."""
-    from vrl.hooks import InterruptLatch
+    from vrl.interrupt import InterruptLatch
 
     try:
         # a Ctrl-C that lands in an import or is swallowed is not lost (see InterruptLatch)
@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         # Messages may quote repository or remote data: no secrets, no escape sequences.
         click.echo(f"error: {safe(redact(str(exc)), one_line=True)}", err=True)
         return 1
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as exc:
+        # click turns a Ctrl-C inside a command into Abort; a "no" at a prompt is one too
+        ctrl_c = isinstance(exc.__context__, KeyboardInterrupt)
+        click.echo("interrupted" if ctrl_c else "aborted", err=True)
         return 130
     except click.ClickException as exc:
         exc.show()

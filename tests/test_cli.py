@@ -164,3 +164,29 @@ def test_a_plugin_naming_a_missing_object_does_not_break_the_cli(tmp_path):
                             cwd=tmp_path)
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     assert "vrl.cli, which failed to import" in failed.stderr
+
+
+def test_every_builtin_command_is_listed_where_it_loads_from():
+    """Command modules load lazily from vrl.cli.BUILTINS: it names exactly the commands
+    each module defines."""
+    import importlib
+
+    from vrl.cli import BUILTINS
+
+    for module in set(BUILTINS.values()):
+        defined = {c.name for c in importlib.import_module(f"vrl.cli.{module}").COMMANDS}
+        assert defined == {n for n, m in BUILTINS.items() if m == module}, module
+
+
+def test_help_lists_every_command_and_a_typo_gets_a_suggestion(ws, capsys):
+    from vrl.cli import BUILTINS
+
+    code, out, _ = vrl(capsys, "--help")
+    assert code == 0
+    listed = [line.split()[0] for line in out.split("Commands:\n")[1].splitlines()]
+    assert set(BUILTINS) <= set(listed) and "train" in listed
+    code, out, err = vrl(capsys, "checkot")
+    assert code == 2 and "No such command 'checkot'. Did you mean 'checkout'?" in err
+    code, out, err = vrl(capsys, "init")
+    code, out, err = vrl(capsys, "remote", "lst")
+    assert code == 2 and "Did you mean 'list'?" in err

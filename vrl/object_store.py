@@ -376,6 +376,17 @@ class FileObjectStore(ObjectStore):
         if staged is not None:  # not on disk yet: a private copy
             _check_kind(oid, parse_header(bytes(staged[:HEADER_SIZE]))[0], kind)
             return memoryview(bytearray(staged[HEADER_SIZE:]))
+        fd, offset, size = self.open_payload(oid, kind)
+        try:
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        return memoryview(mapped)[offset:offset + size]
+
+    def open_payload(self, oid: ObjectId, kind: str | None = None) -> tuple[int, int, int]:
+        """(open fd, offset, size) of the payload in the object's loose file or pack, its
+        header checked (kind and size); the caller closes the fd. Staged objects of an open
+        batch are not on disk yet: ObjectNotFoundError (map_payload has them)."""
         try:
             fd = os.open(self._loose(oid), os.O_RDONLY)
             offset, length = 0, None
@@ -385,16 +396,16 @@ class FileObjectStore(ObjectStore):
             size = os.fstat(fd).st_size if length is None else length
             if size < HEADER_SIZE:
                 raise CorruptObjectError(f"object {oid[:12]} is truncated; run `vrl fsck`")
-            # the header by pread: reading it through the map would fault in a page
+            # the header by pread: reading it through a map would fault in a page
             got, payload_size = parse_header(os.pread(fd, HEADER_SIZE, offset))
             _check_kind(oid, got, kind)
             if payload_size != size - HEADER_SIZE:
                 raise CorruptObjectError(f"object {oid[:12]} is truncated or the wrong size; "
                                          "run `vrl fsck`")
-            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-        finally:
+        except BaseException:
             os.close(fd)
-        return memoryview(mapped)[offset + HEADER_SIZE:offset + size]
+            raise
+        return fd, offset + HEADER_SIZE, payload_size
 
     def _open_packed(self, oid: ObjectId) -> tuple[int, int, int]:
         for attempt in range(2):

@@ -48,7 +48,7 @@ from vrl.objects import (
     itemsize,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
-from vrl.safetensors_file import RawTensor, SafetensorsFile
+from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
 from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
@@ -230,16 +230,28 @@ class Repo(Maintenance, WorkspaceMixin):
                                      "wrong size; run `vrl fsck`")
         return RawTensor(entry.dtype, entry.shape, data)
 
+    def tensor_chunk(self, entry: TensorEntry) -> memoryview | FileSlice:
+        """A tensor's bytes to write into a file: a big one as a slice of its object file,
+        which the kernel copies (no page of it mapped into this process), others as
+        bytes. With core.verify every byte is hashed on the way, so it goes through
+        memory (read_tensor)."""
+        _check_entry(entry)
+        if entry.nbytes >= MMAP_MIN and not self.objects.verify_reads:
+            try:
+                fd, offset, size = self.objects.open_payload(entry.id, "tensor")
+            except ObjectNotFoundError:  # not on disk (yet): read_tensor fetches it
+                return self.read_tensor(entry).data
+            if size != entry.nbytes:
+                os.close(fd)
+                raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or "
+                                         "the wrong size; run `vrl fsck`")
+            return FileSlice(fd, offset, size)
+        return self.read_tensor(entry).data
+
     def _tensor_buffer(self, entry: TensorEntry) -> tuple[Any, int]:
         """(buffer, offset) holding a tensor's bytes: a small payload read into memory, or
         the object file memory-mapped (copy-on-write, private)."""
-        try:  # shape, dtype and size agree: nothing is allocated on a claim alone (the
-            # quick test here; the full check, with its message, only when it fails)
-            consistent = math.prod(entry.shape) * itemsize(entry.dtype) == entry.nbytes
-        except (TypeError, VrlError):
-            consistent = False
-        if not consistent:
-            entry.check()
+        _check_entry(entry)
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)
@@ -811,6 +823,17 @@ class Repo(Maintenance, WorkspaceMixin):
         # a damaged file holds no value to compare with: it is removed as it is
         self.refs.update(ref, None, expected=ANY if damaged else old, reason=reason)
         return old
+
+def _check_entry(entry: TensorEntry) -> None:
+    """Shape, dtype and size agree: nothing is allocated or copied on a claim alone (the
+    quick test here; the full check, with its message, only when it fails)."""
+    try:
+        consistent = math.prod(entry.shape) * itemsize(entry.dtype) == entry.nbytes
+    except (TypeError, VrlError):
+        consistent = False
+    if not consistent:
+        entry.check()
+
 
 def _backoff(attempt: int) -> None:
     """Sleep a random time up to an exponentially growing, capped bound ("full jitter")."""

@@ -29,7 +29,9 @@ from vrl.safetensors_file import write_stream
 
 if TYPE_CHECKING:
     from vrl.repo import Repo
-    from vrl.safetensors_file import SafetensorsFile
+    from vrl.safetensors_file import FileSlice, SafetensorsFile
+
+    Chunk = memoryview | bytes | FileSlice  # a piece of a file being written
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -255,7 +257,7 @@ def _numpy_to_torch(tree: Any) -> Any:
     return tree
 
 
-def _checked(chunks: Iterable[memoryview | bytes]) -> Iterable[memoryview | bytes]:
+def _checked(chunks: Iterable[Chunk]) -> Iterable[Chunk]:
     """Chunks whose mismatches (found while writing) are a damaged store, not bad input."""
     try:
         yield from chunks
@@ -381,33 +383,35 @@ class WorkspaceMixin:
             return
         manifest = self.read_manifest(self.read_commit(oid).manifest)
         self.require_data(oid, manifest)
-        head, chunks = self._safetensors_parts(manifest)
-        _atomic_write(path, lambda tmp: write_stream(tmp, head, chunks))
+        head, chunks, size = self._safetensors_parts(manifest)
+        _atomic_write(path, lambda tmp: write_stream(tmp, head, chunks, size))
 
     def _safetensors_parts(self: Repo, manifest: Manifest
-                           ) -> tuple[bytes | memoryview, Iterable[memoryview | bytes]]:
+                           ) -> tuple[bytes | memoryview, Iterable[Chunk], int]:
+        """The file's header, its tensors' bytes in data order, and its size."""
         from vrl.safetensors_file import reproduce
 
         if manifest.layout is None:
             head, order = canonical_header(manifest.tree, manifest.tensors)
-            return head, (self.read_tensor(manifest.tensors[n]).data for n in order)
+            size = len(head) + sum(manifest.tensors[n].nbytes for n in order)
+            return head, (self.tensor_chunk(manifest.tensors[n]) for n in order), size
         if manifest.layout.format != "safetensors":
             raise CheckpointError(f"this snapshot was committed from a "
                                   f"{manifest.layout.format} file; export it to that format")
         head = self.read_tensor(manifest.layout.header).data
 
-        def data_of(name: str) -> memoryview:
+        def data_of(name: str) -> Chunk:
             entry = manifest.tensors.get(name)
             if entry is None or entry.tie is not None:
                 raise ValueError(f"the snapshot has no stored tensor {name!r}")
-            return self.read_tensor(entry).data
+            return self.tensor_chunk(entry)
 
         try:
-            _, chunks = reproduce(head, data_of)
+            header, chunks = reproduce(head, data_of)
         except ValueError as exc:
             raise CorruptObjectError(f"the file header stored with this snapshot is damaged "
                                      f"({exc}); run `vrl fsck`") from exc
-        return head, _checked(chunks)
+        return head, _checked(chunks), header.size + header.data_size
 
     def ensure_clean_workspace(self: Repo) -> None:
         status, _ = self.workspace_status()

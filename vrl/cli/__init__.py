@@ -1,40 +1,70 @@
 """The `vrl` command line. Commands are thin: they parse, call `vrl.Repo`, and print.
 
 One place (`main`) turns a VrlError into a one-line message and exit code 1.
+Command modules are imported when their command runs (or `--help` lists it): a command
+pays only for its own imports, which is most of a short command's wall time.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from importlib.metadata import entry_points
 
 import click
 
-from vrl.cli import history, maintenance, refs, remotes, snapshots, ui, viz
 from vrl.errors import VrlError
 
 PLUGIN_GROUP = "vrl.commands"
+# built-in command -> the vrl.cli module defining it (in its COMMANDS; a test checks both agree)
+BUILTINS = {
+    **dict.fromkeys(["init", "commit", "checkout", "export", "status", "reset"], "snapshots"),
+    **dict.fromkeys(["log", "show", "diff", "reflog"], "history"),
+    **dict.fromkeys(["branch", "tag"], "refs"),
+    **dict.fromkeys(["gc", "fsck", "prune", "repack"], "maintenance"),
+    **dict.fromkeys(["remote", "push", "fetch", "pull", "clone"], "remotes"),
+    **dict.fromkeys(["compare", "plot"], "viz"),
+    **dict.fromkeys(["ui", "report"], "ui"),
+}
+
+
+def _entry_points() -> list:
+    # importlib.metadata (and the email and zipfile modules it imports) only when a
+    # command is not built in, or every command is listed
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=PLUGIN_GROUP))
 
 
 class VrlGroup(click.Group):
     """Built-in commands plus plugins (e.g. `train` from the trainer), loaded on demand."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        names = {ep.name for ep in entry_points(group=PLUGIN_GROUP)}
-        return sorted(set(super().list_commands(ctx)) | names)
+        names = {ep.name for ep in _entry_points()}
+        return sorted(set(super().list_commands(ctx)) | set(BUILTINS) | names)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         if command is not None:
             return command
-        for ep in entry_points(group=PLUGIN_GROUP):
+        if name in BUILTINS:
+            module = importlib.import_module(f"vrl.cli.{BUILTINS[name]}")
+            return next(c for c in module.COMMANDS if c.name == name)
+        for ep in _entry_points():
             if ep.name == name:
                 try:
                     return ep.load()
                 except (ImportError, AttributeError) as exc:  # a stale install names a gone object
                     return _unavailable(name, ep.value.split(":")[0], exc)
         return None
+
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and self.get_command(ctx, args[0]) is None:
+            # an unknown name: click suggests the closest of the commands it holds
+            for name in BUILTINS:
+                self.add_command(self.get_command(ctx, name))
+        return super().resolve_command(ctx, args)
 
 
 def _unavailable(name: str, module: str, exc: Exception) -> click.Command:
@@ -61,11 +91,6 @@ def cli(directory: str | None) -> None:
             os.chdir(directory)
         except OSError as exc:
             raise click.ClickException(f"cannot change to {directory}: {exc.strerror}") from exc
-
-
-for module in (snapshots, history, refs, maintenance, remotes, viz, ui):
-    for command in module.COMMANDS:
-        cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,3 +223,22 @@ def test_checkout_imports_only_its_own_command_module(tmp_path):
     for name in ("vrl.cli.history", "vrl.cli.viz", "vrl.cli.remotes", "vrl.views",
                  "vrl.remote", "importlib.metadata", "numpy", "torch"):
         assert name not in loaded, name
+
+
+def test_the_stat_cache_is_not_trusted_after_a_restart(ws, capsys, two_versions):
+    """The workspace file is not fsynced: after a power cut it may hold other bytes under
+    the size and time the stat cache recorded, so a cache from another boot is not used."""
+    import json
+
+    path = ws / "policy.safetensors"
+    st = path.stat()
+    damaged = bytearray(path.read_bytes())
+    damaged[-4:] = b"\0\0\0\0"  # what a lost write-back leaves: zeros, same size and time
+    path.write_bytes(bytes(damaged))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out, _ = vrl(capsys, "status")
+    assert "no changes since HEAD" in out  # this boot: the stat cache answers
+    index = ws / ".vrl" / "index"
+    index.write_text(json.dumps({**json.loads(index.read_text()), "boot": "another boot"}))
+    code, out, _ = vrl(capsys, "status")
+    assert "modified since HEAD" in out

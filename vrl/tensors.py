@@ -50,12 +50,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_TORCH_DTYPE: dict[str, torch.dtype] = {}  # names already looked up
+
+
 def torch_dtype(name: str) -> torch.dtype:
     import torch
 
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise CheckpointError(f"unknown tensor dtype {name!r} in manifest")
+    _TORCH_DTYPE[name] = dtype
     return dtype
 
 
@@ -209,9 +213,12 @@ def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     return memoryview(raw.numpy()), _dtype_name(t.dtype), tuple(t.shape), t
 
 
-def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int = 0) -> Any:
-    """A tensor (or ndarray) viewing `buf` (any writable or read-only buffer) from `offset`."""
-    nbytes = len(memoryview(buf).cast("B")) - offset
+def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int = 0,
+                       nbytes: int | None = None) -> Any:
+    """A tensor (or ndarray) viewing `nbytes` of `buf` (any writable or read-only buffer;
+    all of it by default) from `offset`."""
+    if nbytes is None:
+        nbytes = len(memoryview(buf).cast("B")) - offset
     if dtype.startswith("numpy:"):
         import numpy as np
 
@@ -219,11 +226,11 @@ def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int
                              count=nbytes // np.dtype(dtype[6:]).itemsize).reshape(shape)
     import torch
 
-    tdtype = torch_dtype(dtype)
+    tdtype = _TORCH_DTYPE.get(dtype) or torch_dtype(dtype)
     if nbytes == 0:
         return torch.empty(shape, dtype=tdtype)
     if memoryview(buf).readonly:  # copy, so that the tensor may be written in place
-        buf = bytearray(memoryview(buf)[offset:])
+        buf = bytearray(memoryview(buf)[offset:offset + nbytes])
         offset = 0
     raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
     return raw.view(tdtype).reshape(shape)

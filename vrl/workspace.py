@@ -283,6 +283,15 @@ def _write_safetensors(tree: Any, path: Path) -> None:
     write_stream(path, head, (data[name][0] for name in order))
 
 
+def _boot_id() -> str | None:
+    """This boot of the machine (Linux), to tell a stat cache written before a restart."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 class WorkspaceMixin:
     """The workspace checkpoint, Git's working tree for policies (mixed into Repo)."""
 
@@ -298,7 +307,9 @@ class WorkspaceMixin:
         """The manifest the workspace checkpoint would have (None if the file is absent).
 
         A stat cache (`.vrl/index`) avoids re-reading a file unchanged since vrl wrote or
-        committed it, as Git's index does.
+        committed it, as Git's index does. It holds until the machine restarts: a checkout
+        does not fsync the file it writes (neither do git and dvc), so after a power cut
+        the file may lack bytes its size and time promise, and it is read again instead.
         """
         path = path or self.workspace_path
         if not path.exists():
@@ -317,14 +328,14 @@ class WorkspaceMixin:
             return None
         if index.get("path") == str(path.resolve()) and index.get("size") == st.st_size \
                 and index.get("mtime_ns") == st.st_mtime_ns and \
-                is_object_id(index.get("manifest", "")):
+                index.get("boot") == _boot_id() and is_object_id(index.get("manifest", "")):
             return ObjectId(index["manifest"])
         return None
 
     def record_workspace(self: Repo, path: Path, manifest: ObjectId) -> None:
         st = path.stat()
         data = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "manifest": manifest}
+                "boot": _boot_id(), "manifest": manifest}
         tmp = self._index_path().with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps(data))

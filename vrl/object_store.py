@@ -13,7 +13,6 @@ import contextlib
 import errno
 import mmap
 import os
-import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -509,7 +508,7 @@ class FileObjectStore(ObjectStore):
         until the batch ends)."""
         final = os.fspath(final)
         folder = os.path.dirname(final)
-        tmp = f"{folder}/.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+        tmp = f"{folder}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
             try:

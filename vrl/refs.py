@@ -12,8 +12,6 @@ import errno
 import fcntl
 import os
 import re
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -122,6 +120,12 @@ def _remove_empty_tree(folder: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def _hostname() -> str:
+    # what socket.gethostname() answers on POSIX, without importing socket (a few ms of
+    # every command's start-up)
+    return os.uname().nodename
 
 
 def _proc_start(pid: int) -> str | None:
@@ -268,7 +272,7 @@ class RefStore:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
         try:
             try:
-                owner = f"{os.getpid()} {socket.gethostname()} {_proc_start(os.getpid()) or ''}"
+                owner = f"{os.getpid()} {_hostname()} {_proc_start(os.getpid()) or ''}"
                 os.write(fd, owner.strip().encode() + b"\n")
             except OSError as exc:  # e.g. the disk is full
                 raise storage_error(exc, self.root, f"locking {name}") from exc
@@ -311,7 +315,7 @@ class RefStore:
         except OSError:
             return False
         dead = False
-        if len(text) in (2, 3) and text[1] == socket.gethostname() and text[0].isdigit():
+        if len(text) in (2, 3) and text[1] == _hostname() and text[0].isdigit():
             pid = int(text[0])
             # a live pid may have been reused by an unrelated process: its start time differs
             dead = not _pid_alive(pid) or (len(text) == 3 and
@@ -348,7 +352,7 @@ class RefStore:
         just before (`_pending` fds) are fsynced together with the temp file: all of them
         are durable before the rename, which is all the order needs, and concurrent fsyncs
         share the journal's commits instead of waiting for one each."""
-        tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(6)}")
+        tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
         try:
             make_dirs(path.parent, self.fsync)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

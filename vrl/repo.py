@@ -7,12 +7,10 @@ tag, reflog) stay fast. Tensor work imports them on first use.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import heapq
 import math
 import mmap
 import os
-import random
 import re
 import time as _time
 import weakref
@@ -89,6 +87,8 @@ def default_author(config: Config) -> str:
     name = os.environ.get("VRL_AUTHOR") or config.get("user", "name")
     if not name:
         try:
+            import getpass
+
             name = getpass.getuser()
         except (KeyError, OSError):
             name = "unknown"
@@ -846,6 +846,8 @@ def _check_entry(entry: TensorEntry) -> None:
 
 def _backoff(attempt: int) -> None:
     """Sleep a random time up to an exponentially growing, capped bound ("full jitter")."""
+    import random
+
     _time.sleep(random.uniform(0, min(COMMIT_BACKOFF_MAX, 0.002 * 2 ** min(attempt, 16))))
 
 

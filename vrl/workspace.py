@@ -14,9 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pickle
 import re
-import secrets
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,6 +97,7 @@ def to_torch(tree: Any) -> Any:
 
 def _read_torch(path: Path) -> Any:
     _check_torch_format(path)
+    import pickle
     import warnings
 
     import torch
@@ -195,7 +194,7 @@ def canonical_header(tree: Any, entries: Mapping[str, TensorEntry]) -> tuple[byt
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Write `path` through a temp file renamed into place: never half-written."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.urandom(4).hex()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)

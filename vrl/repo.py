@@ -833,6 +833,7 @@ class Repo(Maintenance, WorkspaceMixin):
         self.refs.update(ref, None, expected=ANY if damaged else old, reason=reason)
         return old
 
+
 def _check_entry(entry: TensorEntry) -> None:
     """Shape, dtype and size agree: nothing is allocated or copied on a claim alone (the
     quick test here; the full check, with its message, only when it fails)."""

@@ -86,7 +86,7 @@ def _packages_digest() -> str:
                 # the working directory (and the committer process runs elsewhere)
                 names.update(e.name.lower() for e in found
                              if e.name.endswith(".dist-info")
-                             or (e.name.endswith(".egg-info") and "-" in e.name))
+                             or (e.name.endswith(".egg-info") and "-" in e.name[:-9]))
         except OSError:  # a zip file or a folder that is gone
             continue
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]

@@ -49,7 +49,9 @@ class VrlGroup(click.Group):
             return command
         if name in BUILTINS:
             module = importlib.import_module(f"vrl.cli.{BUILTINS[name]}")
-            return next(c for c in module.COMMANDS if c.name == name)
+            command = next(c for c in module.COMMANDS if c.name == name)
+            self.add_command(command)
+            return command
         for ep in _entry_points():
             if ep.name == name:
                 try:
@@ -60,11 +62,14 @@ class VrlGroup(click.Group):
 
     def resolve_command(self, ctx: click.Context, args: list[str]
                         ) -> tuple[str | None, click.Command | None, list[str]]:
-        if args and self.get_command(ctx, args[0]) is None:
-            # an unknown name: click suggests the closest of the commands it holds
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            # e.g. an unknown name: click suggests the closest of the commands it holds,
+            # so it gets all of them first
             for name in BUILTINS:
-                self.add_command(self.get_command(ctx, name))
-        return super().resolve_command(ctx, args)
+                self.get_command(ctx, name)
+            return super().resolve_command(ctx, args)
 
 
 def _unavailable(name: str, module: str, exc: Exception) -> click.Command:

@@ -294,7 +294,7 @@ class FileSlice:
             try:
                 n = _copy_file_range(self.fd, out, left, offset)
             except OSError as exc:
-                if exc.errno not in _NO_KERNEL_COPY:
+                if exc.errno not in _UNSUPPORTED:
                     raise
                 n = _pread_write(self.fd, out, left, offset)
             if n == 0:  # the object file shrank after its header was checked
@@ -311,7 +311,7 @@ def _pread_write(src: int, out: int, count: int, offset: int) -> int:
 _copy_file_range = getattr(os, "copy_file_range", _pread_write)  # Linux only
 # refused for some pairs of files (across filesystems before Linux 5.3, some network and
 # FUSE filesystems): those bytes go through memory instead
-_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+_UNSUPPORTED = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
 
 
 def size_of(chunk: bytes | memoryview | FileSlice) -> int:
@@ -324,16 +324,17 @@ def write_stream(path: Path, head: bytes | memoryview,
     """Write a header and then each tensor's bytes (in data order) to `path`.
 
     Given the file's `size`, its space is reserved first: a full disk fails before anything
-    is written, and ext4 does not then write the whole file back to disk while it is
-    renamed over an older one (auto_da_alloc: as long again as writing it).
+    is written, and ext4 does not then start writing the whole file back to disk inside
+    the rename over an older one (auto_da_alloc), a good part of a checkout's time.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0),
+                 0o666)
     try:
-        if size:
+        if size and hasattr(os, "posix_fallocate"):  # not on macOS
             try:
                 os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno not in _NO_KERNEL_COPY:
+            except OSError as exc:  # a full disk; not filesystems that cannot reserve
+                if exc.errno not in _UNSUPPORTED:
                     raise
         _write_all(fd, head)
         for chunk in chunks:

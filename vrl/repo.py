@@ -48,6 +48,7 @@ from vrl.objects import (
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
+from vrl.tensors import tensor_from_buffer
 from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
@@ -217,8 +218,6 @@ class Repo(Maintenance, WorkspaceMixin):
 
     def load_entry(self, entry: TensorEntry) -> Any:
         """A tensor from the store: memory-mapped (copy-on-write, private) when large."""
-        from vrl.tensors import tensor_from_buffer
-
         buf, offset = self._tensor_buffer(entry)
         return tensor_from_buffer(buf, entry.dtype, entry.shape, offset, entry.nbytes)
 

@@ -15,7 +15,6 @@ str, int, finite float, bool, None -> themselves.
 
 from __future__ import annotations
 
-import base64
 import math
 import sys
 from collections.abc import Mapping
@@ -145,6 +144,8 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
         if value is None or isinstance(value, (str, int, bool)):
             return value
         if isinstance(value, bytes):
+            import base64
+
             return {"$b": base64.b64encode(value).decode()}
         if torch is not None and isinstance(value, torch.dtype):
             return {"$dt": _dtype_name(value)}
@@ -178,6 +179,8 @@ def unflatten(tree: Any, tensors: Mapping[str, Any], raw: bool = False) -> Any:
             if tag == "$f":
                 return float(value)
             if tag == "$b":
+                import base64
+
                 return base64.b64decode(value)
             if tag == "$dt":
                 if not raw:

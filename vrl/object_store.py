@@ -220,6 +220,7 @@ class FileObjectStore(ObjectStore):
         self._bad_packs: dict[str, str] = {}  # pack file name -> why it cannot be used
         self._packed: dict[ObjectId, tuple[str, int, int]] = {}  # id -> (pack, offset, len)
         self._pack_dir_mtime: int | None = None
+        self._freshened: set[str] = set()  # packs touched in the open batch (once is enough)
 
     def path(self, oid: ObjectId) -> Path:
         """Where the object's loose file is (or would be); packed objects have none."""
@@ -473,21 +474,27 @@ class FileObjectStore(ObjectStore):
     def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
               ) -> ObjectId:
         oid = oid or hash_object(kind, payload, threads=True)
+        self.put(kind, payload, oid)
+        return oid
+
+    def put(self, kind: str, payload: bytes | memoryview, oid: ObjectId) -> bool:
+        """Store an object unless it is here (then it is freshened, as `touch` does);
+        True if it was written now. A pack written by another process within the last
+        clock tick may be missed, which only stores the object twice (harmless)."""
+        if oid in self._staged or self.fspath(oid) in self._inflight:
+            return False
+        if self._touch(oid, refresh=False):
+            return False
         final = self.fspath(oid)
-        if final in self._inflight or oid in self._staged:
-            return oid
-        if os.path.exists(final) or self._touch_packed(oid):
-            self._freshen(final)
-            return oid
         size = memoryview(payload).nbytes
         if self._batching and size < PACK_MAX:
             if self._staged_bytes + size > PACK_SPILL:
                 self._spill()
             self._staged[oid] = header(kind, size) + bytes(payload)
             self._staged_bytes += HEADER_SIZE + size
-            return oid
+            return True
         self.write_raw(final, [header(kind, size), payload], "object")
-        return oid
+        return True
 
     def write_raw(self, final: str | Path, chunks: list[bytes | memoryview], what: str
                   ) -> None:
@@ -573,6 +580,7 @@ class FileObjectStore(ObjectStore):
             yield
             return
         self._batching = True
+        self._freshened.clear()
         ok = False
         try:
             yield
@@ -584,6 +592,7 @@ class FileObjectStore(ObjectStore):
                 packed = self._write_staged(staged) if ok else None
             finally:
                 self._batching = False
+                self._freshened.clear()
                 self.flush()
             if packed:
                 self._register_pack(*packed)
@@ -645,15 +654,28 @@ class FileObjectStore(ObjectStore):
 
     def touch(self, oid: ObjectId) -> bool:
         """Freshen an existing object's mtime; False if it does not exist."""
+        return self._touch(oid, refresh=True)
+
+    def _touch(self, oid: ObjectId, refresh: bool) -> bool:
+        """`touch`; without `refresh`, a pack that appeared within the last clock tick
+        may be missed (a false False)."""
         if oid in self._staged:
             return True
+        where = self._packed.get(oid)
+        if where is not None and where[0] in self._freshened:
+            return True  # its pack was freshened in this batch already: one utime a pack
         path = self.fspath(oid)
-        if os.path.isfile(path):
-            self._freshen(path)
+        try:
+            os.utime(path)
             return True
-        return self._touch_packed(oid)
+        except FileNotFoundError:
+            pass
+        except OSError:  # read-only: the object is there, and nothing can collect it
+            if os.path.isfile(path):
+                return True
+        return self._touch_packed(oid, refresh)
 
-    def _touch_packed(self, oid: ObjectId) -> bool:
+    def _touch_packed(self, oid: ObjectId, refresh: bool = True) -> bool:
         """Freshen the pack holding `oid` (the whole pack then looks young to gc, which
         keeps every object in it); False if no pack holds it, or only an old one.
 
@@ -661,7 +683,7 @@ class FileObjectStore(ObjectStore):
         revive the unreachable objects in it (e.g. a commit whose parent, in another old
         pack, goes): the caller writes the object again instead, which for a small object
         costs next to nothing."""
-        for force in (False, True):
+        for force in (False, True) if refresh else (False,):
             where = self._locate(oid, force=force)
             if where is None:
                 return False
@@ -669,6 +691,8 @@ class FileObjectStore(ObjectStore):
                 if os.stat(where[0]).st_mtime < time.time() - self.fresh_for:
                     return False
                 os.utime(where[0])
+                if self._batching:
+                    self._freshened.add(os.path.basename(where[0]))
                 return True
             except FileNotFoundError:
                 # gc or repack replaced that pack: the object may be gone with it
@@ -694,6 +718,15 @@ class FileObjectStore(ObjectStore):
             _fsync_dir(dirs[0])
         else:  # independent directories: their journal flushes can overlap
             list(self._executor().map(_fsync_dir, dirs))
+
+    def take_unsynced_dirs(self) -> list[str]:
+        """Wait for batched writes and hand over the directories whose new entries are not
+        durable yet (their files' contents are): the caller fsyncs them before anything
+        names those objects - `RefStore.update(durable_first=...)` does, in the same round
+        of fsyncs as the ref's own files. Empty without fsync."""
+        self.flush()
+        dirs, self._dirty_dirs = sorted(self._dirty_dirs), set()
+        return dirs if self.fsync else []
 
     def temp_files(self) -> Iterator[tuple[Path, float]]:
         """Leftovers of interrupted writes (safe to delete once old)."""

@@ -3,6 +3,16 @@
 A ref moves only by compare-and-swap under a lock file: take `<ref>.lock` with O_EXCL,
 re-read the ref, check it still holds the expected value, write the new value to a temp
 file, fsync, rename it over the ref. Readers never see a torn ref because rename is atomic.
+
+Every move is appended to the ref's reflog before the ref's rename, and both the line and
+the temp file are fsynced (together, with any directories the caller names in
+`durable_first`, e.g. the pack directory of a commit's objects) before that rename. So a
+durable ref move always has its durable reflog line. The converse does not hold: a power
+cut after those fsyncs but before the rename (or the directory fsync after it) leaves a
+reflog line for a move that never happened, possibly naming a commit whose objects were
+not durable yet. `interrupted()` recognises exactly those lines (the chain of moves goes
+on from the line's old value), and fsck and gc treat a missing commit named only by them
+as the remains of an interrupted update, not as damage.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -102,6 +112,25 @@ def _parse_log_line(raw: bytes) -> ReflogEntry | None:
                        None if new == ZERO else ObjectId(new), when, " ".join(who), reason)
 
 
+def interrupted(entries: list[ReflogEntry], value: object) -> list[ReflogEntry]:
+    """The entries (newest first, as `read_log` gives them) of moves that never happened.
+
+    A move is logged before the ref is renamed, so a power cut can keep the line and lose
+    the move. The ref then still holds the line's old value, and the next move (logged
+    under the same lock) starts from it again: an entry is interrupted when the entry
+    after it, or for the newest one the ref's current `value`, moves from its old value
+    instead of from its new one. A damaged id in an applied entry does not qualify (the
+    next entry starts from the true new id, not from the old one).
+    """
+    out = []
+    after = value  # the old value of the move after this one (ANY: unknown)
+    for entry in entries:  # newest first
+        if entry.new is not None and entry.new != entry.old and after == entry.old:
+            out.append(entry)
+        after = entry.old
+    return out
+
+
 def _repair_hint(name: str) -> str:
     if name.startswith("refs/heads/"):
         return f"delete it with `vrl branch -d {short_ref(name)}` or overwrite it with --force"
@@ -134,6 +163,20 @@ def _proc_start(pid: int) -> str | None:
         return None
     fields = data[data.rfind(b")") + 2:].split()  # the name (field 2) may hold spaces
     return fields[19].decode() if len(fields) > 19 else None
+
+
+_OWNER: tuple[int, bytes] | None = None
+
+
+def _owner() -> bytes:
+    """What a lock file says about its owner: pid, host, process start (read once per
+    process: /proc costs more than the rest of taking a lock)."""
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is None or _OWNER[0] != pid:  # a forked child is another owner
+        text = f"{pid} {socket.gethostname()} {_proc_start(pid) or ''}"
+        _OWNER = (pid, text.strip().encode() + b"\n")
+    return _OWNER[1]
 
 
 def utc_now() -> str:
@@ -268,8 +311,7 @@ class RefStore:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
         try:
             try:
-                owner = f"{os.getpid()} {socket.gethostname()} {_proc_start(os.getpid()) or ''}"
-                os.write(fd, owner.strip().encode() + b"\n")
+                os.write(fd, _owner())
             except OSError as exc:  # e.g. the disk is full
                 raise storage_error(exc, self.root, f"locking {name}") from exc
             finally:
@@ -366,10 +408,15 @@ class RefStore:
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
 
     def update(self, name: str, new: ObjectId | None, expected: object = ANY,
-               reason: str = "", deref: bool = True) -> ObjectId | None:
+               reason: str = "", deref: bool = True, durable_first: Iterable[str] = ()
+               ) -> ObjectId | None:
         """Compare-and-swap `name` from `expected` to `new` (None deletes); return old value.
 
-        With `deref`, updating HEAD moves the branch HEAD is attached to.
+        With `deref`, updating HEAD moves the branch HEAD is attached to. `durable_first`
+        names directories whose new entries (the objects `new` reaches) must be durable
+        before the ref moves: they are fsynced together with the ref's temp file and
+        reflog lines, which a journalling filesystem commits at once, instead of in a
+        round of their own. Not used (nothing synced) when the compare-and-swap fails.
         """
         if deref and name == "HEAD":
             target = self.head_target()
@@ -400,17 +447,24 @@ class RefStore:
             else:
                 logs = [name] + (["HEAD"] if name != "HEAD" and self.head_target() == name
                                  else [])
-                self._write_logged(path, new + "\n", [(log, old, new) for log in logs], reason)
+                self._write_logged(path, new + "\n", [(log, old, new) for log in logs], reason,
+                                   durable_first)
         return old
 
     def _write_logged(self, path: Path, text: str,
                       logs: list[tuple[str, ObjectId | None, ObjectId | None]],
-                      reason: str) -> None:
+                      reason: str, durable_first: Iterable[str] = ()) -> None:
         """Reflog entries first, then the ref (as Git does): if either fails (disk full),
         the entries already appended are taken back, so the error leaves nothing changed."""
         appended: list[tuple[Path, int, int]] = []
         self._local.pending = []  # the appended lines' fds, fsynced with the ref's file
         try:
+            if self.fsync:
+                for folder in durable_first:
+                    try:
+                        self._local.pending.append(os.open(folder, os.O_RDONLY))
+                    except OSError as exc:
+                        raise storage_error(exc, self.root, f"syncing {folder}") from exc
             for log, old, new in logs:
                 appended.append(self._append_log(log, old, new, reason))
             self._write_file(path, text)

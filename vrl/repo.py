@@ -422,9 +422,8 @@ class Repo(Maintenance, WorkspaceMixin):
             payload = manifest.to_bytes()
             mid = hash_object("manifest", payload)
             if write:
-                if not self.objects.has(mid):
+                if self.objects.put("manifest", payload, mid):
                     new_ids.add(mid)
-                self.objects.write("manifest", payload, mid)
                 self._manifests[mid] = manifest
         return mid, manifest, new_ids
 
@@ -488,8 +487,7 @@ class Repo(Maintenance, WorkspaceMixin):
             oid = self._known.get(key)
             if oid is None or (write and not self.objects.touch(oid)):
                 oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
-                if write and not self.objects.touch(oid):
-                    self.objects.write("tensor", buf, oid)
+                if write and self.objects.put("tensor", buf, oid):
                     new_ids.add(oid)
             if write:
                 self._known[key] = oid
@@ -536,10 +534,19 @@ class Repo(Maintenance, WorkspaceMixin):
             from vrl.tensors import to_state
 
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
-        # The snapshot's small objects and the (first) commit object go into one pack,
-        # which appears whole or not at all; its big tensors are loose files, made durable
-        # before the pack that names them is written (a power cut never leaves a commit
-        # whose snapshot is missing). A small-policy commit is one file and one fsync.
+        # Durability, in order (each step's fsyncs run concurrently; a journalling
+        # filesystem commits them at once, so the cost is one round per step):
+        # 1. big tensors: loose files, fsynced, renamed, their directories fsynced - before
+        #    the pack that names them can appear (no durable commit ever lacks its data);
+        # 2. the snapshot's small objects, manifest and commit: one pack, written to a temp
+        #    file and fsynced, then renamed into objects/pack/ (whole or absent);
+        # 3. the pack directory, the ref's temp file and the reflog lines, fsynced together
+        #    (`durable_first`): everything the ref will name is durable before its rename;
+        #    a reflog line may outlive a cut here, see refs.interrupted();
+        # 4. the rename of the ref, then its directory fsynced: the commit is durable
+        #    when this returns.
+        # A small-policy commit makes three rounds (steps 2-4; step 1 has nothing to do).
+        unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
             batch.enter_context(self.objects.batch())
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
@@ -568,10 +575,11 @@ class Repo(Maintenance, WorkspaceMixin):
                 cid = self.objects.write("commit", commit.to_bytes())
                 self._commits[cid] = commit
                 batch.close()  # writes the pack (first attempt only; a no-op afterwards)
-                self.objects.sync()  # everything durable before the ref points at it
+                unsynced.update(self.objects.take_unsynced_dirs())
                 try:
                     self.refs.update(ref, cid, expected=parent, reason="commit: "
-                                     f"{message.splitlines()[0] if message else ''}")
+                                     f"{message.splitlines()[0] if message else ''}",
+                                     durable_first=sorted(unsynced))
                 except RefConflictError:
                     # Lost the compare-and-swap: another commit landed on the ref, which
                     # is progress, so re-parent onto it and try again (as long as others

@@ -662,8 +662,11 @@ class FileObjectStore(ObjectStore):
         if oid in self._staged:
             return True
         where = self._packed.get(oid)
-        if where is not None and where[0] in self._freshened:
-            return True  # its pack was freshened in this batch already: one utime a pack
+        if where is not None:  # packed, as most small objects are: no loose lookup
+            if where[0] in self._freshened:
+                return True  # its pack was freshened in this batch already: one utime
+            if self._touch_packed(oid, refresh=False):
+                return True
         path = self.fspath(oid)
         try:
             os.utime(path)

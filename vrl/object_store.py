@@ -344,7 +344,21 @@ class FileObjectStore(ObjectStore):
             self.flush()
         return path
 
+    def _try_packed(self, oid: ObjectId, length: int | None = None) -> bytes | None:
+        """A known packed (or staged) object's bytes, looked up before its loose path
+        (small objects are packed; the failed open of a loose path costs as much); None if
+        it is not known packed, or its pack went meanwhile (repacked: it may be loose)."""
+        if oid not in self._packed and oid not in self._staged:
+            return None
+        try:
+            return self._read_packed(oid, length)
+        except VrlError:
+            return None
+
     def read_raw(self, oid: ObjectId) -> bytes:
+        raw = self._try_packed(oid)
+        if raw is not None:
+            return raw
         try:
             with open(self._loose(oid), "rb") as f:
                 return f.read()
@@ -364,6 +378,9 @@ class FileObjectStore(ObjectStore):
         return kind, payload
 
     def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
+        head = self._try_packed(oid, HEADER_SIZE)
+        if head is not None:
+            return parse_header(head)
         try:
             with open(self._loose(oid), "rb") as f:
                 return parse_header(f.read(HEADER_SIZE))
@@ -378,10 +395,15 @@ class FileObjectStore(ObjectStore):
             _check_kind(oid, parse_header(bytes(staged[:HEADER_SIZE]))[0], kind)
             return memoryview(bytearray(staged[HEADER_SIZE:]))
         try:
-            fd = os.open(self._loose(oid), os.O_RDONLY)
-            offset, length = 0, None
-        except FileNotFoundError:
+            if oid not in self._packed:
+                raise FileNotFoundError  # not known packed: its loose file first
             fd, offset, length = self._open_packed(oid)
+        except (FileNotFoundError, VrlError):  # (a known pack went meanwhile)
+            try:
+                fd = os.open(self._loose(oid), os.O_RDONLY)
+                offset, length = 0, None
+            except FileNotFoundError:
+                fd, offset, length = self._open_packed(oid)
         try:
             size = os.fstat(fd).st_size if length is None else length
             if size < HEADER_SIZE:
@@ -848,6 +870,8 @@ class FileObjectStore(ObjectStore):
         are left alone, so the work stays proportional to what is new. Returns the number
         of packs merged (0 if nothing was due)."""
         self._refresh(force=False)
+        if len(self._packs) < AUTO_MERGE:  # the common case: not even a stat per pack
+            return 0
         small = []
         for name in sorted(self._packs):
             try:

@@ -320,6 +320,10 @@ class FileObjectStore(ObjectStore):
                                       f"damaged ({why}); run `vrl fsck`")
         return ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}")
 
+    def is_packed(self, oid: ObjectId) -> bool:
+        """Whether the object is in a pack this store has indexed (no disk access)."""
+        return oid in self._packed
+
     def locate(self, oid: ObjectId) -> tuple[Path, int, int]:
         """(file, offset, length) of the object's bytes: its loose file, or its pack."""
         path = self.fspath(oid)
@@ -333,8 +337,10 @@ class FileObjectStore(ObjectStore):
 
     # ------------------------------------------------------------------ reading
     def has(self, oid: ObjectId) -> bool:
+        if oid in self._staged or oid in self._packed:  # a dict lookup before any stat
+            return True
         path = self.fspath(oid)
-        return oid in self._staged or path in self._inflight or os.path.isfile(path) or \
+        return path in self._inflight or os.path.isfile(path) or \
             self._locate(oid, force=False) is not None
 
     def _loose(self, oid: ObjectId) -> str:

@@ -35,7 +35,7 @@ from vrl.errors import (
     WorkspaceError,
 )
 from vrl.maintenance import Maintenance
-from vrl.object_store import FileObjectStore, _fsync_dir, storage_error
+from vrl.object_store import PACK_MAX, FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
     Commit,
     FileLayout,
@@ -222,17 +222,23 @@ class Repo(Maintenance, WorkspaceMixin):
         return tensor_from_buffer(buf, entry.dtype, entry.shape, offset=offset)
 
     def read_tensor(self, entry: TensorEntry) -> RawTensor:
-        """A tensor's raw bytes from the store, without torch (memory-mapped when large)."""
-        buf, offset = self._tensor_buffer(entry)
+        """A tensor's raw bytes from the store, without torch (memory-mapped when large).
+
+        Read-only use (statistics, diffs): a packed object is read, not mapped, up to
+        PACK_MAX - one pread of a small object costs less than mapping its whole pack
+        (and unmapping it, which stalls every thread of the process)."""
+        buf, offset = self._tensor_buffer(entry, PACK_MAX)
         data = memoryview(buf)[offset:offset + entry.nbytes]
         if data.nbytes != entry.nbytes:
             raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
                                      "wrong size; run `vrl fsck`")
         return RawTensor(entry.dtype, entry.shape, data)
 
-    def _tensor_buffer(self, entry: TensorEntry) -> tuple[Any, int]:
+    def _tensor_buffer(self, entry: TensorEntry, mmap_min: int = MMAP_MIN
+                       ) -> tuple[Any, int]:
         """(buffer, offset) holding a tensor's bytes: a small payload read into memory, or
-        the object file memory-mapped (copy-on-write, private)."""
+        the object file memory-mapped (copy-on-write, private). Below `mmap_min` bytes a
+        packed payload is read too."""
         try:  # shape, dtype and size agree: nothing is allocated on a claim alone (the
             # quick test here; the full check, with its message, only when it fails)
             consistent = math.prod(entry.shape) * itemsize(entry.dtype) == entry.nbytes
@@ -256,6 +262,14 @@ class Repo(Maintenance, WorkspaceMixin):
                                          f"{len(payload)} bytes, not the {entry.nbytes}-byte "
                                          "tensor its manifest names; run `vrl fsck`")
             return payload, 0
+        if entry.nbytes < mmap_min and self.objects.is_packed(entry.id):
+            try:
+                kind, payload = self.objects.read(entry.id)
+            except VrlError:
+                pass  # repacked or collected meanwhile: mapped (or fetched) below
+            else:
+                if kind == "tensor" and len(payload) == entry.nbytes:
+                    return payload, 0
         try:
             mapped = self.objects.map_payload(entry.id)
         except ObjectNotFoundError:

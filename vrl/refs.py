@@ -620,8 +620,11 @@ def _fsync_all(fds: list[int]) -> None:
         return
     if _POOL is None:
         _POOL = ThreadPoolExecutor(8, thread_name_prefix="vrl-ref-fsync")
-    futures = [_POOL.submit(os.fsync, fd) for fd in fds]
-    wait(futures)  # all done before the caller closes any of them
+    futures = [_POOL.submit(os.fsync, fd) for fd in fds[1:]]
+    try:
+        os.fsync(fds[0])  # this thread does one itself instead of waiting idle
+    finally:
+        wait(futures)  # all done before the caller closes any of them
     for future in futures:
         future.result()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 
 import pytest
 import torch
@@ -115,3 +116,44 @@ def test_a_damaged_applied_reflog_line_is_still_damage(tmp_path):
     report = Repo(tmp_path).fsck()
     assert not report["ok"]
     assert any("missing" in str(p) for p in report["problems"])
+
+
+def test_the_ref_is_prepared_while_the_pack_is_fsynced_and_a_failed_pack_moves_nothing(
+        tmp_path, monkeypatch):
+    """The pack's fsync runs on a worker thread while the ref's lock, reflog lines and
+    temp file are written; if that fsync fails, the commit fails with nothing moved: the
+    ref, its reflog and the pack directory are as before, and the next commit works."""
+    from vrl.errors import StorageError
+
+    repo = Repo.init(tmp_path)
+    first = repo.commit(policy(0), env=False)
+    heads = repo.vrl_dir / "refs" / "heads"
+    log = repo.vrl_dir / "logs" / "refs" / "heads" / "main"
+    packs = sorted((repo.vrl_dir / "objects" / "pack").iterdir())
+    before_log = log.read_bytes()
+    real_fsync = os.fsync
+    lock_seen: list[bool] = []
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if "/objects/pack/.tmp-" in path:
+            time.sleep(0.2)  # a slow disk: the ref's files are written meanwhile
+            lock_seen.append((heads / "main.lock").exists())
+            raise OSError(5, "Input/output error")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError, match="I/O error"):
+        repo.commit(policy(1), env=False)
+    monkeypatch.undo()
+    assert lock_seen == [True]
+    assert repo.refs.read("refs/heads/main") == first
+    assert log.read_bytes() == before_log
+    assert sorted(heads.iterdir()) == [heads / "main"]  # no lock, no temp file
+    assert sorted((repo.vrl_dir / "objects" / "pack").iterdir()) == packs
+    state = policy(2)
+    second = repo.commit(state, env=False)
+    fresh = Repo(tmp_path, verify=True)
+    assert fresh.refs.read("refs/heads/main") == second
+    assert fresh.fsck()["ok"]
+    assert torch.equal(fresh.load(second)["layer0.weight"], state["layer0.weight"])

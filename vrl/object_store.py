@@ -221,6 +221,10 @@ class FileObjectStore(ObjectStore):
         self._packed: dict[ObjectId, tuple[str, int, int]] = {}  # id -> (pack, offset, len)
         self._pack_dir_mtime: int | None = None
         self._freshened: set[str] = set()  # packs touched in the open batch (once is enough)
+        # a deferred batch's staged objects (readable from `_staged` meanwhile) and pack,
+        # registered by the flush that waits for its write
+        self._deferred: tuple[dict[ObjectId, bytes], tuple[str, pack.Entries] | None] | None \
+            = None
 
     def path(self, oid: ObjectId) -> Path:
         """Where the object's loose file is (or would be); packed objects have none."""
@@ -599,30 +603,42 @@ class FileObjectStore(ObjectStore):
         return self._pool
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, defer: bool = False) -> Iterator[None]:
         """Write many objects as one: the small ones go into one pack, the fsyncs of the
         big ones overlap. Every object is in place on exit (durable after `sync()`); if
         the body raises, the small objects it wrote are dropped (nothing refers to them;
-        any already spilled to a pack stay there, unreferenced, until gc)."""
+        any already spilled to a pack stay there, unreferenced, until gc).
+
+        With `defer`, exit only starts the pack's write and fsync (on a worker thread):
+        its objects stay readable from memory, and the next `flush()` (`sync()`,
+        `take_unsynced_dirs()`, another batch) waits for it and re-raises its failure -
+        the caller overlaps that fsync with work of its own."""
         if self._batching:
             yield
             return
+        self.flush()  # a deferred batch before this one is in place first
         self._batching = True
         self._freshened.clear()
-        ok = False
+        ok = written = False
+        packed = None
         try:
             yield
             ok = True
         finally:
-            staged, self._staged, self._staged_bytes = self._staged, {}, 0
+            staged, self._staged_bytes = self._staged, 0
             try:
                 # the pack's fsync overlaps those of the big objects still in flight
                 packed = self._write_staged(staged) if ok else None
+                written = True  # (a failed write is not deferred: it raises now)
             finally:
                 self._batching = False
                 self._freshened.clear()
-                self.flush()
-            if packed:
+                if ok and written and defer and self._pending:
+                    self._deferred = (staged, packed)
+                else:
+                    self._staged = {}
+                    self.flush()
+            if packed and self._deferred is None:
                 self._register_pack(*packed)
 
     def _spill(self) -> None:
@@ -670,6 +686,7 @@ class FileObjectStore(ObjectStore):
     def flush(self) -> None:
         """Wait for batched writes; re-raise the first failure."""
         pending, self._pending = self._pending, []
+        deferred, self._deferred = self._deferred, None
         error = None
         for future in pending:
             try:
@@ -677,6 +694,12 @@ class FileObjectStore(ObjectStore):
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 error = error or exc
         self._inflight.clear()
+        if deferred is not None:
+            staged, packed = deferred
+            if packed and error is None:
+                self._register_pack(*packed)
+            if self._staged is staged:  # readable from the pack now (or lost with it)
+                self._staged = {}
         if error is not None:
             raise error
 

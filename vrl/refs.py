@@ -26,7 +26,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,6 +43,7 @@ from vrl.object_store import _fsync_dir, discard, make_dirs, storage_error
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
+DurableFirst = Iterable[str] | Callable[[], Iterable[str]]
 ANY = object()  # "do not check the old value"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 LOCK_TIMEOUT = 10.0
@@ -202,9 +203,6 @@ class RefStore:
         self.who = who
         self._local = threading.local()  # per thread: fds whose fsync the ref write does
         self._paths: dict[str, Path] = {}  # names already validated
-
-    def _pending(self) -> list[int]:
-        return getattr(self._local, "pending", None) or []
 
     # ---------------------------------------------------------------- reading
     def _path(self, name: str) -> Path:
@@ -397,7 +395,7 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
-    def _write_file(self, path: Path, text: str) -> None:
+    def _write_file(self, path: Path, text: str, durable_first: DurableFirst = ()) -> None:
         """Write the ref through a temp file renamed over it. The reflog lines appended
         just before (`_pending` fds) are fsynced together with the temp file: all of them
         are durable before the rename, which is all the order needs, and concurrent fsyncs
@@ -408,8 +406,12 @@ class RefStore:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, text.encode())
+                folders = durable_first() if callable(durable_first) else durable_first
                 if self.fsync:
-                    _fsync_all([fd, *self._pending()])
+                    pending = self._local.pending  # set by _write_logged, which closes them
+                    for folder in folders:
+                        pending.append(os.open(folder, os.O_RDONLY))
+                    _fsync_all([fd, *pending])
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -418,9 +420,12 @@ class RefStore:
         except OSError as exc:
             discard(tmp)
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
+        except BaseException:  # e.g. the objects' own write failed: nothing moved
+            discard(tmp)
+            raise
 
     def update(self, name: str, new: ObjectId | None, expected: object = ANY,
-               reason: str = "", deref: bool = True, durable_first: Iterable[str] = ()
+               reason: str = "", deref: bool = True, durable_first: DurableFirst = ()
                ) -> ObjectId | None:
         """Compare-and-swap `name` from `expected` to `new` (None deletes); return old value.
 
@@ -428,7 +433,9 @@ class RefStore:
         names directories whose new entries (the objects `new` reaches) must be durable
         before the ref moves: they are fsynced together with the ref's temp file and
         reflog lines, which a journalling filesystem commits at once, instead of in a
-        round of their own. Not used (nothing synced) when the compare-and-swap fails.
+        round of their own. It may be a function returning them, called once the ref's
+        files are written (it can wait for the objects' own writes meanwhile). Not used
+        (nothing synced) when the compare-and-swap fails.
         """
         if deref and name == "HEAD":
             target = self.head_target()
@@ -467,21 +474,15 @@ class RefStore:
 
     def _write_logged(self, path: Path, text: str,
                       logs: list[tuple[str, ObjectId | None, ObjectId | None]],
-                      reason: str, durable_first: Iterable[str] = ()) -> None:
+                      reason: str, durable_first: DurableFirst = ()) -> None:
         """Reflog entries first, then the ref (as Git does): if either fails (disk full),
         the entries already appended are taken back, so the error leaves nothing changed."""
         appended: list[tuple[Path, int, int]] = []
         self._local.pending = []  # the appended lines' fds, fsynced with the ref's file
         try:
-            if self.fsync:
-                for folder in durable_first:
-                    try:
-                        self._local.pending.append(os.open(folder, os.O_RDONLY))
-                    except OSError as exc:
-                        raise storage_error(exc, self.root, f"syncing {folder}") from exc
             for log, old, new in logs:
                 appended.append(self._append_log(log, old, new, reason))
-            self._write_file(path, text)
+            self._write_file(path, text, durable_first)
         except StorageError:
             for entry in reversed(appended):
                 self._undo_log(*entry)

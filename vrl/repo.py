@@ -553,64 +553,89 @@ class Repo(Maintenance, WorkspaceMixin):
         # 1. big tensors: loose files, fsynced, renamed, their directories fsynced - before
         #    the pack that names them can appear (no durable commit ever lacks its data);
         # 2. the snapshot's small objects, manifest and commit: one pack, written to a temp
-        #    file and fsynced, then renamed into objects/pack/ (whole or absent);
-        # 3. the pack directory, the ref's temp file and the reflog lines, fsynced together
-        #    (`durable_first`): everything the ref will name is durable before its rename;
-        #    a reflog line may outlive a cut here, see refs.interrupted();
+        #    file and fsynced, then renamed into objects/pack/ (whole or absent) - on a
+        #    worker thread, while this one locks the ref and writes its temp file and
+        #    reflog lines (a line written, or even durable, before its commit is, is one
+        #    of a move that never happened if the ref does not follow: refs.interrupted);
+        # 3. once step 2 is done: the pack directory, the ref's temp file and the reflog
+        #    lines, fsynced together (`durable_first`): everything the ref will name is
+        #    durable before its rename;
         # 4. the rename of the ref, then its directory fsynced: the commit is durable
         #    when this returns.
         # A small-policy commit makes three rounds (steps 2-4; step 1 has nothing to do).
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
-            batch.enter_context(self.objects.batch())
+            batch.enter_context(self.objects.batch(defer=True))
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
             env_info = env if isinstance(env, dict) else \
                 (envinfo.capture(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
-            attempt = 0
-            while True:
-                parent = self.refs.read(ref)
-                if parent and not allow_empty and self.read_commit(parent).manifest == mid:
-                    raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
-                                         f"({parent[:12]}); use --allow-empty to commit "
-                                         "anyway")
-                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                    if parent else None
-                stats = compare(parent_manifest, manifest, self.read_tensor,
-                                known_objects=lambda oid: oid not in new_ids,
-                                threshold=threshold).to_json()
-                stats["parent"] = parent
-                commit = Commit(manifest=mid, parents=(parent,) if parent else (),
-                                message=message, author=author or self.author,
-                                time=time or utc_now(), hparams=hparams or {},
-                                metrics=metrics or {}, env=env_info, step=step, stats=stats,
-                                meta=meta or {})
-                cid = self.objects.write("commit", commit.to_bytes())
-                self._commits[cid] = commit
-                batch.close()  # writes the pack (first attempt only; a no-op afterwards)
+
+            def objects_ready() -> list[str]:  # waits for step 2
                 unsynced.update(self.objects.take_unsynced_dirs())
-                try:
-                    self.refs.update(ref, cid, expected=parent, reason="commit: "
-                                     f"{message.splitlines()[0] if message else ''}",
-                                     durable_first=sorted(unsynced))
-                except RefConflictError:
-                    # Lost the compare-and-swap: another commit landed on the ref, which
-                    # is progress, so re-parent onto it and try again (as long as others
-                    # make progress, someone wins every round; the jittered backoff
-                    # spreads the losers out so no one is starved). A conflict without
-                    # any move of the ref (a lock held for a long time, a name clash) is
-                    # not ours to retry.
-                    if self.refs.read(ref) == parent:
-                        raise
-                    attempt += 1
-                    _backoff(attempt)
-                    continue
-                try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
-                    self.objects.consolidate()
-                except VrlError:
-                    pass  # the commit is done; the next one tries again
-                return cid
+                return sorted(unsynced)
+
+            try:
+                return self._commit_loop(ref, mid, manifest, new_ids, allow_empty, threshold,
+                                         batch, objects_ready, message=message,
+                                         author=author, time=time, hparams=hparams,
+                                         metrics=metrics, env_info=env_info, step=step,
+                                         meta=meta)
+            finally:
+                with contextlib.suppress(VrlError):  # a failure is reported by the loop
+                    self.objects.flush()  # a pack still in flight when the loop gave up
+
+    def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest,
+                     new_ids: set[ObjectId], allow_empty: bool, threshold: float,
+                     batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
+                     **fields: Any) -> ObjectId:
+        """Write the commit object and move the ref, re-parenting after a lost
+        compare-and-swap (see `commit`)."""
+        message = fields["message"]
+        attempt = 0
+        while True:
+            parent = self.refs.read(ref)
+            if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
+                                     f"({parent[:12]}); use --allow-empty to commit "
+                                     "anyway")
+            parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                if parent else None
+            stats = compare(parent_manifest, manifest, self.read_tensor,
+                            known_objects=lambda oid: oid not in new_ids,
+                            threshold=threshold).to_json()
+            stats["parent"] = parent
+            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
+                            message=message, author=fields["author"] or self.author,
+                            time=fields["time"] or utc_now(),
+                            hparams=fields["hparams"] or {},
+                            metrics=fields["metrics"] or {}, env=fields["env_info"],
+                            step=fields["step"], stats=stats, meta=fields["meta"] or {})
+            cid = self.objects.write("commit", commit.to_bytes())
+            self._commits[cid] = commit
+            batch.close()  # starts the pack's write (first attempt only; later a no-op)
+            try:
+                self.refs.update(ref, cid, expected=parent, reason="commit: "
+                                 f"{message.splitlines()[0] if message else ''}",
+                                 durable_first=objects_ready)
+            except RefConflictError:
+                # Lost the compare-and-swap: another commit landed on the ref, which
+                # is progress, so re-parent onto it and try again (as long as others
+                # make progress, someone wins every round; the jittered backoff
+                # spreads the losers out so no one is starved). A conflict without
+                # any move of the ref (a lock held for a long time, a name clash) is
+                # not ours to retry.
+                if self.refs.read(ref) == parent:
+                    raise
+                attempt += 1
+                _backoff(attempt)
+                continue
+            try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
+                self.objects.consolidate()
+            except VrlError:
+                pass  # the commit is done; the next one tries again
+            return cid
 
     @property
     def threshold(self) -> float:

@@ -563,6 +563,9 @@ class Repo(Maintenance, WorkspaceMixin):
         # 4. the rename of the ref, then its directory fsynced: the commit is durable
         #    when this returns.
         # A small-policy commit makes three rounds (steps 2-4; step 1 has nothing to do).
+        # Fewer is not crash-safe on a POSIX filesystem: a new file's data must be durable
+        # before its name appears (or a cut can leave the name with lost data), the pack's
+        # name before the ref's rename, and that rename before the commit is reported.
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
             batch.enter_context(self.objects.batch(defer=True))

@@ -1,6 +1,7 @@
 """Store benchmark: vrl against the strongest baselines measured in the same run.
 
     python bench/store_bench.py [--runs 5] [--dvc PATH_TO_DVC] [--out bench/out/store_bench.json]
+                                [--models small,big] [--no-log]
 
 Models: 100 float32 tensors of 1M elements (400 MB) and a small RL policy (~1 MB).
 Every figure is the median of --runs runs. Ratios are vrl time / baseline time (lower is
@@ -31,16 +32,37 @@ from vrl import Repo
 from vrl.hooks import Snapshotter
 
 
-def median_time(fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
-                ) -> float:
+def median_time(fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None,
+                cpu: list[float] | None = None) -> float:
+    """Median wall time of `fn`; with `cpu`, the process CPU time (all threads, user +
+    system) of each run is appended to it (it depends far less on the machine's load)."""
     times = []
     for _ in range(runs):
         if setup:
             setup()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.process_time() - start_cpu)
     return statistics.median(times)
+
+
+def count_fsyncs(fn: Callable[[], object]) -> int:
+    """How many fsync/fdatasync calls `fn` makes (threads included)."""
+    calls = [0]
+    real = os.fsync, os.fdatasync
+
+    def counted(fd: int, which: int = 0) -> None:
+        calls[0] += 1
+        real[which](fd)
+
+    os.fsync, os.fdatasync = counted, lambda fd: counted(fd, 1)  # type: ignore[assignment]
+    try:
+        fn()
+    finally:
+        os.fsync, os.fdatasync = real
+    return calls[0]
 
 
 def big_model() -> dict[str, torch.Tensor]:
@@ -99,8 +121,13 @@ def bench_model(name: str, state: dict[str, torch.Tensor], work: Path, runs: int
         return setup
 
     holder: dict[str, Repo] = {}
+    cpu: list[float] = []
     r["vrl_first_commit"] = median_time(lambda: holder["repo"].commit(state, env=False),
-                                        runs, fresh(True))
+                                        runs, fresh(True), cpu)
+    r["vrl_first_commit_cpu"] = statistics.median(cpu)
+    fresh(True)()
+    r["vrl_first_commit_fsyncs"] = count_fsyncs(lambda: holder["repo"].commit(state,
+                                                                              env=False))
     r["vrl_first_commit_nofsync"] = median_time(
         lambda: holder["repo"].commit(state, env=False), runs, fresh(False))
 
@@ -119,14 +146,18 @@ def bench_model(name: str, state: dict[str, torch.Tensor], work: Path, runs: int
     def incremental() -> None:
         repo.commit(state, env=False)  # exact: every byte is read (no copy is held)
 
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
         change()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         incremental()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         growth.append(store_size(repo) - holder["size"])  # type: ignore[operator]
     r["vrl_incremental_commit"] = statistics.median(times)
+    r["vrl_incremental_commit_cpu"] = statistics.median(cpu)
+    change()
+    r["vrl_incremental_commit_fsyncs"] = count_fsyncs(incremental)
     r["store_growth_per_incremental"] = statistics.median(growth)
     r["changed_tensor_bytes"] = victim.numel() * victim.element_size()
 
@@ -223,7 +254,8 @@ def bench_log(work: Path, runs: int, commits: int = 1000) -> dict[str, float]:
 
 def table(results: dict) -> str:
     rows = []
-    for name in ("big", "small"):
+    names = [n for n in ("big", "small") if n in results]
+    for name in names:
         r = results[name]
         label = "400 MB, 100 tensors" if name == "big" else f"policy {r['bytes'] / 1e6:.1f} MB"
         big = name == "big"
@@ -258,15 +290,24 @@ def table(results: dict) -> str:
     for label, what, ours, base, goal in rows:
         lines.append(f"| {label} | {what} | {ours * 1e3:.1f} ms | {base * 1e3:.1f} ms | "
                      f"{ours / base:.2f}x | {goal} |")
-    lg = results["log"]
-    for name in ("big", "small"):
+    for name in names:
         r = results[name]
+        if "vrl_first_commit_fsyncs" in r:
+            lines.append(f"| {'400 MB' if name == 'big' else 'policy'} | fsync calls and "
+                         "process CPU time (all threads) per commit: first / incremental | "
+                         f"{r['vrl_first_commit_fsyncs']} / "
+                         f"{r['vrl_incremental_commit_fsyncs']} fsyncs, "
+                         f"{r['vrl_first_commit_cpu'] * 1e3:.1f} / "
+                         f"{r['vrl_incremental_commit_cpu'] * 1e3:.1f} ms CPU | - | - | - |")
         lines.append(f"| {'400 MB' if name == 'big' else 'policy'} | store growth per "
                      f"incremental commit | {r['store_growth_per_incremental']:,.0f} B | "
                      f"changed tensor {r['changed_tensor_bytes']:,} B | "
                      f"+{r['store_growth_per_incremental'] - r['changed_tensor_bytes']:,.0f} B"
                      " | = changed + metadata |")
+    lg = results.get("log", {})
     for key in ("vrl_log_oneline_1000", "vrl_log_full_1000", "vrl_log_metrics_1000"):
+        if key not in lg:
+            continue
         lines.append(f"| 1,000 commits | `{key[4:-5].replace('_', ' --')}` wall time "
                      f"(python startup {lg['python_startup'] * 1e3:.0f} ms) | "
                      f"{lg[key] * 1e3:.0f} ms | - | - | < 300 ms |")
@@ -281,19 +322,26 @@ def main() -> None:
                         help="path to the dvc executable (default: on PATH)")
     parser.add_argument("--out", default="bench/out/store_bench.json")
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--models", default="small,big",
+                        help="comma-separated subset of small,big (e.g. --models small)")
+    parser.add_argument("--no-log", action="store_true", help="skip the 1,000-commit log bench")
     args = parser.parse_args()
+    models = set(args.models.split(","))
     torch.set_num_threads(os.cpu_count() or 1)
     work = Path(args.work or tempfile.mkdtemp(prefix="vrl-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"runs": args.runs, "torch": torch.__version__, "cpus": os.cpu_count()}
     try:
         for name, make in (("small", small_policy), ("big", big_model)):
+            if name not in models:
+                continue
             state = make()
             results[name] = bench_model(name, state, work, args.runs)
             if args.dvc:
                 results[name].update(bench_dvc(args.dvc, state, work, max(1, args.runs // 2)))
             del state
-        results["log"] = bench_log(work, args.runs)
+        if not args.no_log:
+            results["log"] = bench_log(work, args.runs)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -83,12 +83,12 @@ def _install_fault(fault: tuple[str, int] | None) -> None:
     elif where == "ref":  # lock held, ref's temp file written, not renamed yet
         real_ref = vrl.refs.RefStore._write_file
 
-        def write_file(self, path, text):
+        def write_file(self, path, text, *rest):
             if due():
                 tmp = path.with_name(f".tmp-{os.getpid()}-crash")
                 tmp.write_text(text[: len(text) // 2])
                 os._exit(99)
-            real_ref(self, path, text)
+            real_ref(self, path, text, *rest)
 
         vrl.refs.RefStore._write_file = write_file
     elif where == "reflog":  # lock held, reflog being appended

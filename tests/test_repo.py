@@ -306,10 +306,10 @@ def test_concurrent_commit_is_reparented_not_lost(repo, monkeypatch):
     real_update = repo.refs.update
     raced = []
 
-    def racing_update(name, new, expected=None, reason="", deref=True):
+    def racing_update(name, new, expected=None, **kw):
         if not raced:  # another process commits just before our compare-and-swap
             raced.append(other.commit({"w": torch.ones(3)}, message="other"))
-        return real_update(name, new, expected=expected, reason=reason, deref=deref)
+        return real_update(name, new, expected=expected, **kw)
 
     monkeypatch.setattr(repo.refs, "update", racing_update)
     mine = repo.commit({"w": torch.full((3,), 2.0)}, message="mine")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
 from vrl.object_store import discard
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, TensorEntry, is_object_id
-from vrl.refs import short_ref
+from vrl.refs import ANY, ReflogEntry, interrupted, short_ref
 
 if TYPE_CHECKING:
     from vrl.repo import Repo
@@ -162,6 +162,19 @@ class Maintenance:
                     self._write_pruned(current - {oid})
 
     # ------------------------------------------------------------------ gc
+    def _never_moved(self: Repo, name: str, entries: list[ReflogEntry]) -> set[ObjectId]:
+        """Missing commits named only as the target of reflog lines whose move never
+        happened (a power cut between the line and the ref's rename; refs.interrupted)."""
+        try:
+            value: object = self.head() if name == "HEAD" else self.refs.read(name)
+        except VrlError:
+            value = ANY  # a damaged ref: nothing is known to be interrupted
+        out = {e.new for e in interrupted(entries, value) if e.new and
+               not self.objects.has(e.new)}
+        if out:  # still named by an applied entry: that one counts (it is damage)
+            out -= {x for e in entries if e.new not in out for x in (e.old, e.new)}
+        return out  # type: ignore[return-value]
+
     def _reflog_roots(self: Repo, strict: bool) -> set[ObjectId]:
         """Every id a reflog names. With `strict`, a damaged reflog stops the caller."""
         roots: set[ObjectId] = set()
@@ -173,6 +186,7 @@ class Maintenance:
                     "protects, so it deleted nothing; fix or delete that line, or forget "
                     "every reflog with `vrl gc --expire-reflog`")
             named = {x for entry in read.entries for x in (entry.old, entry.new) if x}
+            named -= self._never_moved(name, read.entries)
             # a flipped hex digit still parses, but names a commit that is not here
             lost = sorted(x for x in named if not self.objects.has(x))
             if lost and strict and self.fetch_missing is None:
@@ -430,6 +444,11 @@ class Maintenance:
             if state.lazy:
                 continue
             named = {x for e in read.entries for x in (e.old, e.new) if x}
+            for oid in sorted(self._never_moved(name, read.entries)):
+                named.discard(oid)
+                state.warnings.append(Problem(
+                    "reflog", f"logs/{name}", f"logs/{name} names commit {oid[:12]} of a "
+                    "move that never happened (a crash before the ref moved): harmless"))
             for oid in sorted(named):
                 state.referenced.add(oid)
                 if not state.has_commit(oid):

@@ -219,6 +219,11 @@ class FileObjectStore(ObjectStore):
         self._bad_packs: dict[str, str] = {}  # pack file name -> why it cannot be used
         self._packed: dict[ObjectId, tuple[str, int, int]] = {}  # id -> (pack, offset, len)
         self._pack_dir_mtime: int | None = None
+        self._freshened: set[str] = set()  # packs touched in the open batch (once is enough)
+        # a deferred batch's staged objects (readable from `_staged` meanwhile) and pack,
+        # registered by the flush that waits for its write
+        self._deferred: tuple[dict[ObjectId, bytes], tuple[str, pack.Entries] | None] | None \
+            = None
 
     def path(self, oid: ObjectId) -> Path:
         """Where the object's loose file is (or would be); packed objects have none."""
@@ -318,6 +323,10 @@ class FileObjectStore(ObjectStore):
                                       f"damaged ({why}); run `vrl fsck`")
         return ObjectNotFoundError(f"object {oid[:12]} not found in {self.root}")
 
+    def is_packed(self, oid: ObjectId) -> bool:
+        """Whether the object is in a pack this store has indexed (no disk access)."""
+        return oid in self._packed
+
     def locate(self, oid: ObjectId) -> tuple[Path, int, int]:
         """(file, offset, length) of the object's bytes: its loose file, or its pack."""
         path = self.fspath(oid)
@@ -331,8 +340,10 @@ class FileObjectStore(ObjectStore):
 
     # ------------------------------------------------------------------ reading
     def has(self, oid: ObjectId) -> bool:
+        if oid in self._staged or oid in self._packed:  # a dict lookup before any stat
+            return True
         path = self.fspath(oid)
-        return oid in self._staged or path in self._inflight or os.path.isfile(path) or \
+        return path in self._inflight or os.path.isfile(path) or \
             self._locate(oid, force=False) is not None
 
     def _loose(self, oid: ObjectId) -> str:
@@ -342,7 +353,21 @@ class FileObjectStore(ObjectStore):
             self.flush()
         return path
 
+    def _try_packed(self, oid: ObjectId, length: int | None = None) -> bytes | None:
+        """A known packed (or staged) object's bytes, looked up before its loose path
+        (small objects are packed; the failed open of a loose path costs as much); None if
+        it is not known packed, or its pack went meanwhile (repacked: it may be loose)."""
+        if oid not in self._packed and oid not in self._staged:
+            return None
+        try:
+            return self._read_packed(oid, length)
+        except VrlError:
+            return None
+
     def read_raw(self, oid: ObjectId) -> bytes:
+        raw = self._try_packed(oid)
+        if raw is not None:
+            return raw
         try:
             with open(self._loose(oid), "rb") as f:
                 return f.read()
@@ -362,6 +387,9 @@ class FileObjectStore(ObjectStore):
         return kind, payload
 
     def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
+        head = self._try_packed(oid, HEADER_SIZE)
+        if head is not None:
+            return parse_header(head)
         try:
             with open(self._loose(oid), "rb") as f:
                 return parse_header(f.read(HEADER_SIZE))
@@ -387,10 +415,15 @@ class FileObjectStore(ObjectStore):
         header checked (kind and size); the caller closes the fd. Staged objects of an open
         batch are not on disk yet: ObjectNotFoundError (map_payload has them)."""
         try:
-            fd = os.open(self._loose(oid), os.O_RDONLY)
-            offset, length = 0, None
-        except FileNotFoundError:
+            if oid not in self._packed:
+                raise FileNotFoundError  # not known packed: its loose file first
             fd, offset, length = self._open_packed(oid)
+        except (FileNotFoundError, VrlError):  # (a known pack went meanwhile)
+            try:
+                fd = os.open(self._loose(oid), os.O_RDONLY)
+                offset, length = 0, None
+            except FileNotFoundError:
+                fd, offset, length = self._open_packed(oid)
         try:
             size = os.fstat(fd).st_size if length is None else length
             if size < HEADER_SIZE:
@@ -483,21 +516,27 @@ class FileObjectStore(ObjectStore):
     def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
               ) -> ObjectId:
         oid = oid or hash_object(kind, payload, threads=True)
+        self.put(kind, payload, oid)
+        return oid
+
+    def put(self, kind: str, payload: bytes | memoryview, oid: ObjectId) -> bool:
+        """Store an object unless it is here (then it is freshened, as `touch` does);
+        True if it was written now. A pack written by another process within the last
+        clock tick may be missed, which only stores the object twice (harmless)."""
+        if oid in self._staged or self.fspath(oid) in self._inflight:
+            return False
+        if self._touch(oid, refresh=False):
+            return False
         final = self.fspath(oid)
-        if final in self._inflight or oid in self._staged:
-            return oid
-        if os.path.exists(final) or self._touch_packed(oid):
-            self._freshen(final)
-            return oid
         size = memoryview(payload).nbytes
         if self._batching and size < PACK_MAX:
             if self._staged_bytes + size > PACK_SPILL:
                 self._spill()
             self._staged[oid] = header(kind, size) + bytes(payload)
             self._staged_bytes += HEADER_SIZE + size
-            return oid
+            return True
         self.write_raw(final, [header(kind, size), payload], "object")
-        return oid
+        return True
 
     def write_raw(self, final: str | Path, chunks: list[bytes | memoryview], what: str
                   ) -> None:
@@ -574,28 +613,42 @@ class FileObjectStore(ObjectStore):
         return self._pool
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, defer: bool = False) -> Iterator[None]:
         """Write many objects as one: the small ones go into one pack, the fsyncs of the
         big ones overlap. Every object is in place on exit (durable after `sync()`); if
         the body raises, the small objects it wrote are dropped (nothing refers to them;
-        any already spilled to a pack stay there, unreferenced, until gc)."""
+        any already spilled to a pack stay there, unreferenced, until gc).
+
+        With `defer`, exit only starts the pack's write and fsync (on a worker thread):
+        its objects stay readable from memory, and the next `flush()` (`sync()`,
+        `take_unsynced_dirs()`, another batch) waits for it and re-raises its failure -
+        the caller overlaps that fsync with work of its own."""
         if self._batching:
             yield
             return
+        self.flush()  # a deferred batch before this one is in place first
         self._batching = True
-        ok = False
+        self._freshened.clear()
+        ok = written = False
+        packed = None
         try:
             yield
             ok = True
         finally:
-            staged, self._staged, self._staged_bytes = self._staged, {}, 0
+            staged, self._staged_bytes = self._staged, 0
             try:
                 # the pack's fsync overlaps those of the big objects still in flight
                 packed = self._write_staged(staged) if ok else None
+                written = True  # (a failed write is not deferred: it raises now)
             finally:
                 self._batching = False
-                self.flush()
-            if packed:
+                self._freshened.clear()
+                if ok and written and defer and self._pending:
+                    self._deferred = (staged, packed)
+                else:
+                    self._staged = {}
+                    self.flush()
+            if packed and self._deferred is None:
                 self._register_pack(*packed)
 
     def _spill(self) -> None:
@@ -643,6 +696,7 @@ class FileObjectStore(ObjectStore):
     def flush(self) -> None:
         """Wait for batched writes; re-raise the first failure."""
         pending, self._pending = self._pending, []
+        deferred, self._deferred = self._deferred, None
         error = None
         for future in pending:
             try:
@@ -650,20 +704,42 @@ class FileObjectStore(ObjectStore):
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 error = error or exc
         self._inflight.clear()
+        if deferred is not None:
+            staged, packed = deferred
+            if packed and error is None:
+                self._register_pack(*packed)
+            if self._staged is staged:  # readable from the pack now (or lost with it)
+                self._staged = {}
         if error is not None:
             raise error
 
     def touch(self, oid: ObjectId) -> bool:
         """Freshen an existing object's mtime; False if it does not exist."""
+        return self._touch(oid, refresh=True)
+
+    def _touch(self, oid: ObjectId, refresh: bool) -> bool:
+        """`touch`; without `refresh`, a pack that appeared within the last clock tick
+        may be missed (a false False)."""
         if oid in self._staged:
             return True
+        where = self._packed.get(oid)
+        if where is not None:  # packed, as most small objects are: no loose lookup
+            if where[0] in self._freshened:
+                return True  # its pack was freshened in this batch already: one utime
+            if self._touch_packed(oid, refresh=False):
+                return True
         path = self.fspath(oid)
-        if os.path.isfile(path):
-            self._freshen(path)
+        try:
+            os.utime(path)
             return True
-        return self._touch_packed(oid)
+        except FileNotFoundError:
+            pass
+        except OSError:  # read-only: the object is there, and nothing can collect it
+            if os.path.isfile(path):
+                return True
+        return self._touch_packed(oid, refresh)
 
-    def _touch_packed(self, oid: ObjectId) -> bool:
+    def _touch_packed(self, oid: ObjectId, refresh: bool = True) -> bool:
         """Freshen the pack holding `oid` (the whole pack then looks young to gc, which
         keeps every object in it); False if no pack holds it, or only an old one.
 
@@ -671,7 +747,7 @@ class FileObjectStore(ObjectStore):
         revive the unreachable objects in it (e.g. a commit whose parent, in another old
         pack, goes): the caller writes the object again instead, which for a small object
         costs next to nothing."""
-        for force in (False, True):
+        for force in (False, True) if refresh else (False,):
             where = self._locate(oid, force=force)
             if where is None:
                 return False
@@ -679,6 +755,8 @@ class FileObjectStore(ObjectStore):
                 if os.stat(where[0]).st_mtime < time.time() - self.fresh_for:
                     return False
                 os.utime(where[0])
+                if self._batching:
+                    self._freshened.add(os.path.basename(where[0]))
                 return True
             except FileNotFoundError:
                 # gc or repack replaced that pack: the object may be gone with it
@@ -704,6 +782,15 @@ class FileObjectStore(ObjectStore):
             _fsync_dir(dirs[0])
         else:  # independent directories: their journal flushes can overlap
             list(self._executor().map(_fsync_dir, dirs))
+
+    def take_unsynced_dirs(self) -> list[str]:
+        """Wait for batched writes and hand over the directories whose new entries are not
+        durable yet (their files' contents are): the caller fsyncs them before anything
+        names those objects - `RefStore.update(durable_first=...)` does, in the same round
+        of fsyncs as the ref's own files. Empty without fsync."""
+        self.flush()
+        dirs, self._dirty_dirs = sorted(self._dirty_dirs), set()
+        return dirs if self.fsync else []
 
     def temp_files(self) -> Iterator[tuple[Path, float]]:
         """Leftovers of interrupted writes (safe to delete once old)."""
@@ -822,6 +909,8 @@ class FileObjectStore(ObjectStore):
         are left alone, so the work stays proportional to what is new. Returns the number
         of packs merged (0 if nothing was due)."""
         self._refresh(force=False)
+        if len(self._packs) < AUTO_MERGE:  # the common case: not even a stat per pack
+            return 0
         small = []
         for name in sorted(self._packs):
             try:

@@ -3,6 +3,16 @@
 A ref moves only by compare-and-swap under a lock file: take `<ref>.lock` with O_EXCL,
 re-read the ref, check it still holds the expected value, write the new value to a temp
 file, fsync, rename it over the ref. Readers never see a torn ref because rename is atomic.
+
+Every move is appended to the ref's reflog before the ref's rename, and both the line and
+the temp file are fsynced (together, with any directories the caller names in
+`durable_first`, e.g. the pack directory of a commit's objects) before that rename. So a
+durable ref move always has its durable reflog line. The converse does not hold: a power
+cut after those fsyncs but before the rename (or the directory fsync after it) leaves a
+reflog line for a move that never happened, possibly naming a commit whose objects were
+not durable yet. `interrupted()` recognises exactly those lines (the chain of moves goes
+on from the line's old value), and fsck and gc treat a missing commit named only by them
+as the remains of an interrupted update, not as damage.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,6 +41,7 @@ from vrl.object_store import _fsync_dir, discard, make_dirs, storage_error
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
+DurableFirst = Iterable[str] | Callable[[], Iterable[str]]
 ANY = object()  # "do not check the old value"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 LOCK_TIMEOUT = 10.0
@@ -100,6 +111,25 @@ def _parse_log_line(raw: bytes) -> ReflogEntry | None:
                        None if new == ZERO else ObjectId(new), when, " ".join(who), reason)
 
 
+def interrupted(entries: list[ReflogEntry], value: object) -> list[ReflogEntry]:
+    """The entries (newest first, as `read_log` gives them) of moves that never happened.
+
+    A move is logged before the ref is renamed, so a power cut can keep the line and lose
+    the move. The ref then still holds the line's old value, and the next move (logged
+    under the same lock) starts from it again: an entry is interrupted when the entry
+    after it, or for the newest one the ref's current `value`, moves from its old value
+    instead of from its new one. A damaged id in an applied entry does not qualify (the
+    next entry starts from the true new id, not from the old one).
+    """
+    out = []
+    after = value  # the old value of the move after this one (ANY: unknown)
+    for entry in entries:  # newest first
+        if entry.new is not None and entry.new != entry.old and after == entry.old:
+            out.append(entry)
+        after = entry.old
+    return out
+
+
 def _repair_hint(name: str) -> str:
     if name.startswith("refs/heads/"):
         return f"delete it with `vrl branch -d {short_ref(name)}` or overwrite it with --force"
@@ -140,6 +170,20 @@ def _proc_start(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
+_OWNER: tuple[int, bytes] | None = None
+
+
+def _owner() -> bytes:
+    """What a lock file says about its owner: pid, host, process start (read once per
+    process: /proc costs more than the rest of taking a lock)."""
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is None or _OWNER[0] != pid:  # a forked child is another owner
+        text = f"{pid} {_hostname()} {_proc_start(pid) or ''}"
+        _OWNER = (pid, text.strip().encode() + b"\n")
+    return _OWNER[1]
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -162,22 +206,31 @@ class RefStore:
         self.fsync = fsync
         self.who = who
         self._local = threading.local()  # per thread: fds whose fsync the ref write does
-
-    def _pending(self) -> list[int]:
-        return getattr(self._local, "pending", None) or []
+        self._paths: dict[str, Path] = {}  # names already validated
 
     # ---------------------------------------------------------------- reading
     def _path(self, name: str) -> Path:
-        if name != "HEAD":
-            if not name.startswith("refs/"):
-                raise InvalidRefNameError(f"invalid ref {name!r}: must start with refs/")
-            check_ref_name(name)
-        return self.root / name
+        path = self._paths.get(name)
+        if path is None:
+            if name != "HEAD":
+                if not name.startswith("refs/"):
+                    raise InvalidRefNameError(f"invalid ref {name!r}: must start with refs/")
+                check_ref_name(name)
+            path = self._paths[name] = self.root / name
+        return path
 
     def read_raw(self, name: str) -> str | None:
         """The ref's content: an object id, `ref: refs/...` for a symbolic ref, or None."""
         try:
-            data = self._path(name).read_bytes()
+            # os-level reads: a ref is read several times per commit, and a Python file
+            # object costs five more system calls than open, read, close
+            fd = os.open(self._path(name), os.O_RDONLY)
+            try:
+                data = b""
+                while chunk := os.read(fd, 1 << 16):
+                    data += chunk
+            finally:
+                os.close(fd)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         except OSError as exc:
@@ -272,8 +325,7 @@ class RefStore:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
         try:
             try:
-                owner = f"{os.getpid()} {_hostname()} {_proc_start(os.getpid()) or ''}"
-                os.write(fd, owner.strip().encode() + b"\n")
+                os.write(fd, _owner())
             except OSError as exc:  # e.g. the disk is full
                 raise storage_error(exc, self.root, f"locking {name}") from exc
             finally:
@@ -347,7 +399,7 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
-    def _write_file(self, path: Path, text: str) -> None:
+    def _write_file(self, path: Path, text: str, durable_first: DurableFirst = ()) -> None:
         """Write the ref through a temp file renamed over it. The reflog lines appended
         just before (`_pending` fds) are fsynced together with the temp file: all of them
         are durable before the rename, which is all the order needs, and concurrent fsyncs
@@ -358,8 +410,12 @@ class RefStore:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, text.encode())
+                folders = durable_first() if callable(durable_first) else durable_first
                 if self.fsync:
-                    _fsync_all([fd, *self._pending()])
+                    pending = self._local.pending  # set by _write_logged, which closes them
+                    for folder in folders:
+                        pending.append(os.open(folder, os.O_RDONLY))
+                    _fsync_all([fd, *pending])
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -368,12 +424,22 @@ class RefStore:
         except OSError as exc:
             discard(tmp)
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
+        except BaseException:  # e.g. the objects' own write failed: nothing moved
+            discard(tmp)
+            raise
 
     def update(self, name: str, new: ObjectId | None, expected: object = ANY,
-               reason: str = "", deref: bool = True) -> ObjectId | None:
+               reason: str = "", deref: bool = True, durable_first: DurableFirst = ()
+               ) -> ObjectId | None:
         """Compare-and-swap `name` from `expected` to `new` (None deletes); return old value.
 
-        With `deref`, updating HEAD moves the branch HEAD is attached to.
+        With `deref`, updating HEAD moves the branch HEAD is attached to. `durable_first`
+        names directories whose new entries (the objects `new` reaches) must be durable
+        before the ref moves: they are fsynced together with the ref's temp file and
+        reflog lines, which a journalling filesystem commits at once, instead of in a
+        round of their own. It may be a function returning them, called once the ref's
+        files are written (it can wait for the objects' own writes meanwhile). Not used
+        (nothing synced) when the compare-and-swap fails.
         """
         if deref and name == "HEAD":
             target = self.head_target()
@@ -385,8 +451,10 @@ class RefStore:
                 raw = self.read_raw("HEAD")
                 old = ObjectId(raw) if raw and is_object_id(raw) else None
             else:
-                damage = self.problem(name)
-                old = None if damage else self.read(name)
+                try:
+                    old, damage = self.read(name), None
+                except RevisionError as exc:
+                    old, damage = None, str(exc)
             if damage and expected is not ANY:
                 raise RefConflictError(damage)
             if expected is not ANY and old != expected:
@@ -404,12 +472,13 @@ class RefStore:
             else:
                 logs = [name] + (["HEAD"] if name != "HEAD" and self.head_target() == name
                                  else [])
-                self._write_logged(path, new + "\n", [(log, old, new) for log in logs], reason)
+                self._write_logged(path, new + "\n", [(log, old, new) for log in logs], reason,
+                                   durable_first)
         return old
 
     def _write_logged(self, path: Path, text: str,
                       logs: list[tuple[str, ObjectId | None, ObjectId | None]],
-                      reason: str) -> None:
+                      reason: str, durable_first: DurableFirst = ()) -> None:
         """Reflog entries first, then the ref (as Git does): if either fails (disk full),
         the entries already appended are taken back, so the error leaves nothing changed."""
         appended: list[tuple[Path, int, int]] = []
@@ -417,7 +486,7 @@ class RefStore:
         try:
             for log, old, new in logs:
                 appended.append(self._append_log(log, old, new, reason))
-            self._write_file(path, text)
+            self._write_file(path, text, durable_first)
         except StorageError:
             for entry in reversed(appended):
                 self._undo_log(*entry)
@@ -556,8 +625,11 @@ def _fsync_all(fds: list[int]) -> None:
         return
     if _POOL is None:
         _POOL = ThreadPoolExecutor(8, thread_name_prefix="vrl-ref-fsync")
-    futures = [_POOL.submit(os.fsync, fd) for fd in fds]
-    wait(futures)  # all done before the caller closes any of them
+    futures = [_POOL.submit(os.fsync, fd) for fd in fds[1:]]
+    try:
+        os.fsync(fds[0])  # this thread does one itself instead of waiting idle
+    finally:
+        wait(futures)  # all done before the caller closes any of them
     for future in futures:
         future.result()
 

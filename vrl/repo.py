@@ -34,7 +34,7 @@ from vrl.errors import (
     WorkspaceError,
 )
 from vrl.maintenance import Maintenance
-from vrl.object_store import FileObjectStore, _fsync_dir, storage_error
+from vrl.object_store import PACK_MAX, FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
     Commit,
     FileLayout,
@@ -222,8 +222,12 @@ class Repo(Maintenance, WorkspaceMixin):
         return tensor_from_buffer(buf, entry.dtype, entry.shape, offset, entry.nbytes)
 
     def read_tensor(self, entry: TensorEntry) -> RawTensor:
-        """A tensor's raw bytes from the store, without torch (memory-mapped when large)."""
-        buf, offset = self._tensor_buffer(entry)
+        """A tensor's raw bytes from the store, without torch (memory-mapped when large).
+
+        Read-only use (statistics, diffs): a packed object is read, not mapped, up to
+        PACK_MAX - one pread of a small object costs less than mapping its whole pack
+        (and unmapping it, which stalls every thread of the process)."""
+        buf, offset = self._tensor_buffer(entry, PACK_MAX)
         data = memoryview(buf)[offset:offset + entry.nbytes]
         if data.nbytes != entry.nbytes:
             raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
@@ -248,9 +252,11 @@ class Repo(Maintenance, WorkspaceMixin):
             return FileSlice(fd, offset, size)
         return self.read_tensor(entry).data
 
-    def _tensor_buffer(self, entry: TensorEntry) -> tuple[Any, int]:
+    def _tensor_buffer(self, entry: TensorEntry, mmap_min: int = MMAP_MIN
+                       ) -> tuple[Any, int]:
         """(buffer, offset) where a tensor's `entry.nbytes` bytes start: a small payload
-        read into memory, or the object's file memory-mapped (copy-on-write, private)."""
+        read into memory, or the object's file memory-mapped (copy-on-write, private).
+        Below `mmap_min` bytes a packed payload is read too."""
         _check_entry(entry)
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
@@ -268,6 +274,14 @@ class Repo(Maintenance, WorkspaceMixin):
                                          f"{len(payload)} bytes, not the {entry.nbytes}-byte "
                                          "tensor its manifest names; run `vrl fsck`")
             return payload, 0
+        if entry.nbytes < mmap_min and self.objects.is_packed(entry.id):
+            try:
+                kind, payload = self.objects.read(entry.id)
+            except VrlError:
+                pass  # repacked or collected meanwhile: mapped (or fetched) below
+            else:
+                if kind == "tensor" and len(payload) == entry.nbytes:
+                    return payload, 0
         try:
             # the file mapped as a whole (a restore makes ~9 system calls per tensor, the
             # fewest Python's mmap allows; no memoryview of it is made here)
@@ -442,9 +456,8 @@ class Repo(Maintenance, WorkspaceMixin):
             payload = manifest.to_bytes()
             mid = hash_object("manifest", payload)
             if write:
-                if not self.objects.has(mid):
+                if self.objects.put("manifest", payload, mid):
                     new_ids.add(mid)
-                self.objects.write("manifest", payload, mid)
                 self._manifests[mid] = manifest
         return mid, manifest, new_ids
 
@@ -508,8 +521,7 @@ class Repo(Maintenance, WorkspaceMixin):
             oid = self._known.get(key)
             if oid is None or (write and not self.objects.touch(oid)):
                 oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
-                if write and not self.objects.touch(oid):
-                    self.objects.write("tensor", buf, oid)
+                if write and self.objects.put("tensor", buf, oid):
                     new_ids.add(oid)
             if write:
                 self._known[key] = oid
@@ -556,59 +568,97 @@ class Repo(Maintenance, WorkspaceMixin):
             from vrl.tensors import to_state
 
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
-        # The snapshot's small objects and the (first) commit object go into one pack,
-        # which appears whole or not at all; its big tensors are loose files, made durable
-        # before the pack that names them is written (a power cut never leaves a commit
-        # whose snapshot is missing). A small-policy commit is one file and one fsync.
+        # Durability, in order (each step's fsyncs run concurrently; a journalling
+        # filesystem commits them at once, so the cost is one round per step):
+        # 1. big tensors: loose files, fsynced, renamed, their directories fsynced - before
+        #    the pack that names them can appear (no durable commit ever lacks its data);
+        # 2. the snapshot's small objects, manifest and commit: one pack, written to a temp
+        #    file and fsynced, then renamed into objects/pack/ (whole or absent) - on a
+        #    worker thread, while this one locks the ref and writes its temp file and
+        #    reflog lines (a line written, or even durable, before its commit is, is one
+        #    of a move that never happened if the ref does not follow: refs.interrupted);
+        # 3. once step 2 is done: the pack directory, the ref's temp file and the reflog
+        #    lines, fsynced together (`durable_first`): everything the ref will name is
+        #    durable before its rename;
+        # 4. the rename of the ref, then its directory fsynced: the commit is durable
+        #    when this returns.
+        # A small-policy commit makes three rounds (steps 2-4; step 1 has nothing to do).
+        # Fewer is not crash-safe on a POSIX filesystem: a new file's data must be durable
+        # before its name appears (or a cut can leave the name with lost data), the pack's
+        # name before the ref's rename, and that rename before the commit is reported.
+        unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
-            batch.enter_context(self.objects.batch())
+            batch.enter_context(self.objects.batch(defer=True))
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
             env_info = env if isinstance(env, dict) else \
                 (envinfo.capture(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
-            attempt = 0
-            while True:
-                parent = self.refs.read(ref)
-                if parent and not allow_empty and self.read_commit(parent).manifest == mid:
-                    raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
-                                         f"({parent[:12]}); use --allow-empty to commit "
-                                         "anyway")
-                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                    if parent else None
-                stats = compare(parent_manifest, manifest, self.read_tensor,
-                                known_objects=lambda oid: oid not in new_ids,
-                                threshold=threshold).to_json()
-                stats["parent"] = parent
-                commit = Commit(manifest=mid, parents=(parent,) if parent else (),
-                                message=message, author=author or self.author,
-                                time=time or utc_now(), hparams=hparams or {},
-                                metrics=metrics or {}, env=env_info, step=step, stats=stats,
-                                meta=meta or {})
-                cid = self.objects.write("commit", commit.to_bytes())
-                self._commits[cid] = commit
-                batch.close()  # writes the pack (first attempt only; a no-op afterwards)
-                self.objects.sync()  # everything durable before the ref points at it
-                try:
-                    self.refs.update(ref, cid, expected=parent, reason="commit: "
-                                     f"{message.splitlines()[0] if message else ''}")
-                except RefConflictError:
-                    # Lost the compare-and-swap: another commit landed on the ref, which
-                    # is progress, so re-parent onto it and try again (as long as others
-                    # make progress, someone wins every round; the jittered backoff
-                    # spreads the losers out so no one is starved). A conflict without
-                    # any move of the ref (a lock held for a long time, a name clash) is
-                    # not ours to retry.
-                    if self.refs.read(ref) == parent:
-                        raise
-                    attempt += 1
-                    _backoff(attempt)
-                    continue
-                try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
-                    self.objects.consolidate()
-                except VrlError:
-                    pass  # the commit is done; the next one tries again
-                return cid
+
+            def objects_ready() -> list[str]:  # waits for step 2
+                unsynced.update(self.objects.take_unsynced_dirs())
+                return sorted(unsynced)
+
+            try:
+                return self._commit_loop(ref, mid, manifest, new_ids, allow_empty, threshold,
+                                         batch, objects_ready, message=message,
+                                         author=author, time=time, hparams=hparams,
+                                         metrics=metrics, env_info=env_info, step=step,
+                                         meta=meta)
+            finally:
+                with contextlib.suppress(VrlError):  # a failure is reported by the loop
+                    self.objects.flush()  # a pack still in flight when the loop gave up
+
+    def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest,
+                     new_ids: set[ObjectId], allow_empty: bool, threshold: float,
+                     batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
+                     **fields: Any) -> ObjectId:
+        """Write the commit object and move the ref, re-parenting after a lost
+        compare-and-swap (see `commit`)."""
+        message = fields["message"]
+        attempt = 0
+        while True:
+            parent = self.refs.read(ref)
+            if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
+                                     f"({parent[:12]}); use --allow-empty to commit "
+                                     "anyway")
+            parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                if parent else None
+            stats = compare(parent_manifest, manifest, self.read_tensor,
+                            known_objects=lambda oid: oid not in new_ids,
+                            threshold=threshold).to_json()
+            stats["parent"] = parent
+            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
+                            message=message, author=fields["author"] or self.author,
+                            time=fields["time"] or utc_now(),
+                            hparams=fields["hparams"] or {},
+                            metrics=fields["metrics"] or {}, env=fields["env_info"],
+                            step=fields["step"], stats=stats, meta=fields["meta"] or {})
+            cid = self.objects.write("commit", commit.to_bytes())
+            self._commits[cid] = commit
+            batch.close()  # starts the pack's write (first attempt only; later a no-op)
+            try:
+                self.refs.update(ref, cid, expected=parent, reason="commit: "
+                                 f"{message.splitlines()[0] if message else ''}",
+                                 durable_first=objects_ready)
+            except RefConflictError:
+                # Lost the compare-and-swap: another commit landed on the ref, which
+                # is progress, so re-parent onto it and try again (as long as others
+                # make progress, someone wins every round; the jittered backoff
+                # spreads the losers out so no one is starved). A conflict without
+                # any move of the ref (a lock held for a long time, a name clash) is
+                # not ours to retry.
+                if self.refs.read(ref) == parent:
+                    raise
+                attempt += 1
+                _backoff(attempt)
+                continue
+            try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
+                self.objects.consolidate()
+            except VrlError:
+                pass  # the commit is done; the next one tries again
+            return cid
 
     @property
     def threshold(self) -> float:

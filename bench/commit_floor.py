@@ -1,0 +1,166 @@
+"""How fast can a durable small commit be on this filesystem? The floor of vrl's protocol.
+
+    python bench/commit_floor.py [--runs 40] [--work DIR]
+
+A durable commit that is safe against a power cut on any POSIX filesystem (the lazy-fsync
+model of tests/test_powercut.py) needs, for a pack of new objects and a ref moved by
+rename, three rounds of fsync, each waiting for the one before (fsyncs within one round run
+concurrently and a journalling filesystem commits them together):
+
+  1. the pack's temp file (its data must be durable before its name can appear);
+  2. after its rename: the pack directory, the ref's temp file and the reflog lines
+     (everything the ref will name is durable before the ref's rename);
+  3. after the ref's rename: the ref directory (the commit is durable on return).
+
+This script times exactly those file operations with no vrl code around them (the floor),
+one round fewer and one more (vrl before this change made four: the pack directory had a
+round of its own), interleaved with the baselines of bench/store_bench.py (save_file /
+torch.save of the same ~0.7 MB policy, then the file and its directory fsynced) and with
+real vrl commits of that policy. All figures are medians of --runs rounds; each round runs
+every contender once, so load changes hit them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from store_bench import durable, small_policy  # noqa: E402
+
+from vrl import Repo  # noqa: E402
+
+POOL = ThreadPoolExecutor(8)
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def protocol(root: str, payload: bytes, rounds: int, serial: list[int]) -> None:
+    """The file operations of one small commit (pack temp file, rename, ref temp file,
+    reflog line, ref rename) with `rounds` rounds of fsync: 4 (vrl before), 3 (vrl now,
+    the minimum that is crash-safe), or 2 (NOT crash-safe: the pack is renamed before its
+    data is durable; only shows what one round more costs)."""
+    serial[0] += 1
+    n = serial[0]
+    tmp = f"{root}/pack/.tmp-{n}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    os.write(fd, payload)
+    if rounds >= 3:
+        os.fsync(fd)  # round 1: the pack's data
+        os.close(fd)
+        fd = -1
+    os.rename(tmp, f"{root}/pack/pack-{n}")
+    ref_tmp = f"{root}/refs/.tmp-{n}"
+    rfd = os.open(ref_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(rfd, b"0" * 64 + b"\n")
+    lfd = os.open(f"{root}/logs/main", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(lfd, b"x" * 171 + b"\n")
+    pfd = os.open(f"{root}/pack", os.O_RDONLY)
+    fds = [pfd, rfd, lfd] + ([fd] if fd >= 0 else [])
+    if rounds == 4:
+        os.fsync(pfd)  # the pack directory in a round of its own
+        list(POOL.map(os.fsync, [rfd, lfd]))
+    else:
+        list(POOL.map(os.fsync, fds))  # one round: pack directory, ref temp file, reflog
+    for f in fds:
+        os.close(f)
+    os.rename(ref_tmp, f"{root}/refs/main")
+    fsync_path(f"{root}/refs")  # last round: the ref's rename
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--work", default=None)
+    args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="vrl-floor-"))
+    state = small_policy()
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    first_pack = os.urandom(nbytes + 4096)
+    incr_pack = os.urandom(70_000)  # one 64 KiB tensor + manifest + commit
+    try:
+        root = str(work / "proto")
+        for sub in ("pack", "refs", "logs"):
+            os.makedirs(f"{root}/{sub}")
+        serial = [0]
+        repos = work / "repos"
+        repos.mkdir()
+        incr_repo = Repo.init(work / "incr")
+        incr_repo.commit(state, env=False)
+        victim = next(iter(state.values()))
+        holder: dict[str, Repo] = {}
+
+        def fresh_repo() -> None:
+            path = repos / str(len(list(repos.iterdir())))
+            Repo.init(path)
+            holder["repo"] = Repo(path)
+
+        def incremental() -> None:
+            victim.add_(0.001)
+            incr_repo.commit(state, env=False)
+
+        st, pt, one = work / "m.safetensors", work / "m.pt", work / "one"
+        contenders: dict[str, tuple[Callable[[], object], Callable[[], object] | None]] = {
+            "save_file + fsync (file, dir)":
+                (lambda: durable(st, lambda: save_file(state, str(st))), None),
+            "torch.save + fsync (file, dir)":
+                (lambda: durable(pt, lambda: torch.save(state, pt)), None),
+            "save_file, no fsync": (lambda: save_file(state, str(st)), None),
+            "one 1-byte file rewritten + fsync (file, dir)":
+                (lambda: durable(one, lambda: one.write_bytes(b"1")), None),
+            "floor, 4 rounds, first-commit pack": (
+                lambda: protocol(root, first_pack, 4, serial), None),
+            "floor, 3 rounds, first-commit pack": (
+                lambda: protocol(root, first_pack, 3, serial), None),
+            "floor, 4 rounds, incremental pack": (
+                lambda: protocol(root, incr_pack, 4, serial), None),
+            "floor, 3 rounds, incremental pack": (
+                lambda: protocol(root, incr_pack, 3, serial), None),
+            "(unsafe) 2 rounds, incremental pack": (
+                lambda: protocol(root, incr_pack, 2, serial), None),
+            "vrl first commit": (lambda: holder["repo"].commit(state, env=False),
+                                 fresh_repo),
+            "vrl incremental commit": (incremental, None),
+        }
+        times: dict[str, list[float]] = {k: [] for k in contenders}
+        for _ in range(args.runs):
+            for name, (fn, setup) in contenders.items():
+                if setup:
+                    setup()
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        base = statistics.median(times["save_file + fsync (file, dir)"])
+        base_pt = statistics.median(times["torch.save + fsync (file, dir)"])
+        print(f"load average: {os.getloadavg()[0]:.2f}; policy {nbytes / 1e6:.2f} MB; "
+              f"medians of {args.runs}")
+        print("| operation | median | / save_file+fsync | / torch.save+fsync |")
+        print("|---|---|---|---|")
+        for name, values in times.items():
+            m = statistics.median(values)
+            print(f"| {name} | {m * 1e3:.2f} ms | {m / base:.2f}x | {m / base_pt:.2f}x |")
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -106,13 +106,19 @@ def task_env(args: argparse.Namespace, finetune: bool) -> WarehouseEnv:
 
 
 def make_config(args: argparse.Namespace, hidden: list[int], seed: int,
-                iterations: int) -> PPOConfig:
-    """The trainer's defaults for ``--algo``, with the benchmark's budget."""
+                iterations: int, finetune: bool = False) -> PPOConfig:
+    """The trainer's defaults for ``--algo``, with the benchmark's budget (and, for a
+    fine-tune, its learning rate and schedule)."""
+    extra: dict[str, Any] = {}
+    if finetune:
+        extra["anneal_lr"] = args.ft_schedule == "anneal"
+        if args.ft_lr is not None:
+            extra["learning_rate"] = args.ft_lr
     return config_from_dict(args.algo, {
         "seed": seed, "num_envs": args.envs, "num_steps": args.steps,
         "num_minibatches": args.minibatches, "update_epochs": args.epochs,
         "hidden_sizes": hidden,
-        "total_steps": args.envs * args.agents * args.steps * iterations})
+        "total_steps": args.envs * args.agents * args.steps * iterations} | extra)
 
 
 def base_snapshot(args: argparse.Namespace, hidden: list[int]) -> tuple[Repo, str]:
@@ -158,7 +164,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         work: Path, base: Any) -> dict:
     finetune = regime == "finetune"
     iterations = args.iterations if finetune else args.scratch_iterations
-    cfg = make_config(args, hidden, seed, iterations)
+    cfg = make_config(args, hidden, seed, iterations, finetune)
     env = task_env(args, finetune)
     repo_dir = work / f"{regime}-{'x'.join(map(str, hidden))}-{arm}-{seed}"
     shutil.rmtree(repo_dir, ignore_errors=True)
@@ -182,6 +188,9 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         trainer.agent.load_state_dict({k: torch.as_tensor(v).clone()
                                        for k, v in state["model"].items()})
         trainer.algo.optimizer.load_state_dict(state["algo"]["optimizer"])
+        for group in trainer.algo.optimizer.param_groups:
+            # the base's saved lr is its annealed end value (~0): start from this run's
+            group["lr"] = cfg.learning_rate
     counter = ComputeCounter(trainer)
     trainer.hooks.insert(0, counter)  # sees the frozen set the iteration ran with
     start = time.perf_counter()
@@ -190,6 +199,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     its = rec.iterations
     curve = [m.get("charts/episodic_return", float("nan")) for m in its]
     size = sum(p.stat().st_size for p in (repo.vrl_dir / "objects").rglob("*") if p.is_file())
+    movement = layer_movement(repo, store.commits)
     return {
         "regime": regime, "hidden": hidden, "arm": arm, "seed": seed, "wall_s": wall,
         "update_s": sum(m["perf/update_s"] for m in its),
@@ -204,7 +214,23 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         "store_mb": size / 1e6,
         "frozen_per_iteration": [f for _, f in ctrl.history] if ctrl else [],
         "measures": ctrl.measures if ctrl else [],
+        "movement": movement,
+        "learning_rate": [m.get("charts/learning_rate") for m in its],
     }
+
+
+def layer_movement(repo: Repo, commits: list[str]) -> dict[str, list[float | None]]:
+    """Per layer, its relative change against the parent in every commit (None where
+    the layer was frozen or the commit has no parent), from commit statistics."""
+    out: dict[str, list[float | None]] = {}
+    for cid in commits:
+        layers = repo.read_commit(cid).stats.get("layers") or {}
+        for name, entry in layers.items():
+            if not name.startswith("model/") or "/" in name[6:]:
+                continue
+            moved = entry.get("status") not in ("unchanged", "added")
+            out.setdefault(name[6:], []).append(entry.get("rel") if moved else None)
+    return out
 
 
 def iterations_to(curve: list[float], target: float, smooth: int = 3) -> int | None:
@@ -279,10 +305,11 @@ def savings(rows: list[dict]) -> list[str]:
 
         ret = fmt([100 * (r["final_return"] - f["final_return"]) / abs(f["final_return"])
                    for r, f in pairs if f["final_return"]], 3)
-        out.append(f"- {regime}, {trunk}, {arm} vs full (per seed): update FLOPs saved "
-                   f"{rel('update_gflops')}%, backward FLOPs saved {rel('backward_gflops')}%, "
-                   f"update time saved {rel('update_s')}% (noisy), final return change "
-                   f"{ret}%")
+        diff = fmt([r["final_return"] - f["final_return"] for r, f in pairs], 3)
+        out.append(f"- {regime}, {trunk}, {arm} vs full (paired by seed, {len(pairs)} "
+                   f"seeds): update FLOPs saved {rel('update_gflops')}%, backward FLOPs "
+                   f"saved {rel('backward_gflops')}%, update time saved {rel('update_s')}% "
+                   f"(noisy), final return change {ret}% (difference {diff})")
     return out
 
 
@@ -312,6 +339,11 @@ def main() -> None:
     p.add_argument("--ft-agents", type=int, default=30)
     p.add_argument("--ft-layout", default="3x4", help="shelf blocks XxY of the new plan")
     p.add_argument("--ft-collision", type=float, default=-0.3)
+    p.add_argument("--ft-schedule", choices=("anneal", "constant"), default="anneal",
+                   help="fine-tune learning rate: annealed linearly to 0 over the fine-tune "
+                   "(the trainer's default) or constant")
+    p.add_argument("--ft-lr", type=float, default=None,
+                   help="fine-tune learning rate (default: the trainer's)")
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--plasticity", type=float, default=0.5)
     p.add_argument("--reference", type=int, default=3)
@@ -325,6 +357,11 @@ def main() -> None:
                                                    "vrl-dirty-bench-cache"))
     p.add_argument("--out", default=str(OUT / "dirty_layers"),
                    help="output path without extension (.json and .md are written)")
+    p.add_argument("--include", action="append", default=[],
+                   help="also tabulate the runs of an earlier output (.json), e.g. the full "
+                   "arm of the same seeds run in another invocation; repeatable")
+    p.add_argument("--label", default=None,
+                   help="name this invocation's non-full arms ARM-LABEL in the tables")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: tiny budgets, one seed, a throwaway cache")
     args = p.parse_args()
@@ -351,6 +388,8 @@ def main() -> None:
                 for seed in range(1, args.seeds + 1):
                     for arm in arms:
                         r = run(regime, hidden, arm, seed, args, work, base)
+                        if args.label and arm != "full":
+                            r["arm"] = f"{arm}-{args.label}"
                         rows.append(r)
                         print(f"{regime} {hidden} seed {seed} {arm:10s}: update "
                               f"{r['update_s']:.1f}s backward {r['backward_s']:.1f}s "
@@ -364,6 +403,10 @@ def main() -> None:
     json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
     json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
                                                    indent=1))
+    for earlier in args.include:  # tabulated, not written into this output's runs
+        ours = {(r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) for r in rows}
+        rows += [r for r in json.loads(Path(earlier).read_text())["runs"]
+                 if (r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) not in ours]
     lines = table(rows) + [""] + savings(rows) + [
         "", f"{args.seeds} seeds; {args.algo}; fine-tune {args.iterations} and scratch "
         f"{args.scratch_iterations} iterations of {args.envs} worlds x {args.steps} steps "

@@ -67,11 +67,13 @@ class DirtyLayerConfig:
     """freeze only input-side prefixes of each network (the backward pass stops before
     them); other candidates keep training"""
     refresh: int = 10
-    """every `refresh` iterations all layers train (so frozen layers can come back)"""
+    """every `refresh` iterations of this run all layers train (so frozen layers can come
+    back)"""
     min_active: int = 1
     """layers that always train (the ones that moved most)"""
     warmup: int = 5
-    """iterations before any layer may be frozen"""
+    """iterations of this run (counted from where it started or branched, not from the
+    snapshot's iteration counter) before any layer may be frozen"""
     prefix: str = "model/"
     """where the model's tensors live in the snapshot tree"""
     sync: bool = False
@@ -151,21 +153,26 @@ class DirtyLayerController(Hook):
     measures: list[tuple[int, dict[str, float | None]]] = field(default_factory=list)
     """(iteration, measure per layer) for every decision that had one"""
     _commit_data: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _offset: int | None = field(default=None, repr=False)
+    """iterations the trainer had done before this run (a fork continues the snapshot's
+    counter): warm-up and refresh count this run's iterations, i.e. from the branch point"""
 
     def on_iteration_end(self, trainer: Trainer, iteration: int,
                          metrics: dict[str, float]) -> None:
         cfg = self.config
+        if self._offset is None:
+            self._offset = iteration - 1
         upcoming = iteration + 1
-        frozen = self.decide(trainer, upcoming)
+        frozen = self.decide(trainer, upcoming - self._offset)
         current = set(trainer.frozen_layers)
         trainer.unfreeze_layers(current - frozen)
         trainer.freeze_layers(frozen - current)
         self.history.append((upcoming, sorted(frozen)))
         metrics["dirty/frozen_layers"] = float(len(frozen))
-        metrics["dirty/refresh"] = float(upcoming % cfg.refresh == 0)
+        metrics["dirty/refresh"] = float((upcoming - self._offset) % cfg.refresh == 0)
 
     def decide(self, trainer: Trainer, upcoming: int) -> set[str]:
-        """The layers to freeze for iteration `upcoming`."""
+        """The layers to freeze for iteration `upcoming` of this run (1-based)."""
         cfg = self.config
         layers = trainer.layer_names()
         if cfg.sync:

@@ -268,3 +268,21 @@ def test_vrl_train_dirty_criterion_plasticity_prefix_only(ws, capsys):
     layers = ["actor.0", "actor.2", "critic.0", "critic.2"]
     assert all(f == input_side_prefixes(layers, f) for f in frozen), frozen
     assert main(["train", *small, "--dirty-layers", "--dirty-criterion", "x"]) != 0
+
+
+def test_warmup_and_refresh_count_from_the_branch_point_not_the_snapshot_counter(repo):
+    # a fork (`vrl train --from REV --branch NEW`) continues the snapshot's iteration
+    # counter; the warm-up after branching must still hold, and refreshes follow the run
+    hook = StoreHook(repo, branch="run")
+    cfg = DirtyLayerConfig(criterion="threshold", threshold=1e9, window=1, warmup=3,
+                           refresh=5, sync=True)
+    ctrl = DirtyLayerController(hook, cfg)
+    trainer = make_trainer(iterations=1010, hooks=[hook, ctrl])
+    trainer.iteration = 1001  # as if resumed from a snapshot taken at iteration 1001
+    trainer.train(iterations=7)
+    hook.close()
+    frozen = [len(f) for _, f in ctrl.history]  # decisions for this run's iterations 2..8
+    n = len(trainer.layer_names())
+    assert [it for it, _ in ctrl.history] == list(range(1003, 1010))
+    # 2, 3: warm-up; 4: all but the most-moving layer frozen; 5: refresh; 6-8 frozen
+    assert frozen == [0, 0, n - 1, 0, n - 1, n - 1, n - 1], ctrl.history

@@ -52,7 +52,7 @@ from trainer.train import Trainer
 from vrl import Repo
 
 OUT = Path(__file__).parent / "out"
-ARMS = ("full", "threshold", "plasticity")
+ARMS = ("full", "threshold", "plasticity", "drift")
 
 
 class ComputeCounter(Hook):
@@ -176,8 +176,10 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     if arm != "full":
         dcfg = DirtyLayerConfig(criterion=arm, threshold=args.threshold, window=args.window,
                                 plasticity=args.plasticity, reference=args.reference,
+                                drift=args.drift,
                                 lr_normalise=not args.no_lr_normalise,
-                                prefix_only=arm == "plasticity", refresh=args.refresh,
+                                prefix_only=arm in ("plasticity", "drift"),
+                                refresh=args.refresh,
                                 warmup=args.warmup, sync=True)
         ctrl = DirtyLayerController(store, dcfg)
         hooks.insert(1, ctrl)
@@ -200,6 +202,13 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     curve = [m.get("charts/episodic_return", float("nan")) for m in its]
     size = sum(p.stat().st_size for p in (repo.vrl_dir / "objects").rglob("*") if p.is_file())
     movement = layer_movement(repo, store.commits)
+    net = {}  # per layer, its net change over the last `span` commits, at each commit
+    span = args.drift_span
+    for i in range(span, len(store.commits)):
+        diff = repo.diff(store.commits[i - span], store.commits[i])
+        for lc in diff.layers:
+            if lc.layer.startswith("model/") and "/" not in lc.layer[6:]:
+                net.setdefault(lc.layer[6:], [None] * span).append(lc.rel)
     return {
         "regime": regime, "hidden": hidden, "arm": arm, "seed": seed, "wall_s": wall,
         "update_s": sum(m["perf/update_s"] for m in its),
@@ -215,6 +224,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         "frozen_per_iteration": [f for _, f in ctrl.history] if ctrl else [],
         "measures": ctrl.measures if ctrl else [],
         "movement": movement,
+        "net_movement": net,
         "learning_rate": [m.get("charts/learning_rate") for m in its],
     }
 
@@ -346,6 +356,7 @@ def main() -> None:
                    help="fine-tune learning rate (default: the trainer's)")
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--plasticity", type=float, default=0.5)
+    p.add_argument("--drift", type=float, default=0.6)
     p.add_argument("--reference", type=int, default=3)
     p.add_argument("--no-lr-normalise", action="store_true",
                    help="plasticity on raw movement (learning-rate annealing counts)")
@@ -357,6 +368,8 @@ def main() -> None:
                                                    "vrl-dirty-bench-cache"))
     p.add_argument("--out", default=str(OUT / "dirty_layers"),
                    help="output path without extension (.json and .md are written)")
+    p.add_argument("--drift-span", type=int, default=4,
+                   help="record each layer's net change over this many commits")
     p.add_argument("--include", action="append", default=[],
                    help="also tabulate the runs of an earlier output (.json), e.g. the full "
                    "arm of the same seeds run in another invocation; repeatable")

@@ -15,6 +15,13 @@ one. Two criteria (``DirtyLayerConfig.criterion``):
   moving *relative to itself* and is frozen; a layer that is slow but steady keeps a
   plasticity near 1 and trains on. Iterations in which a layer was frozen are skipped
   (it did not move because it could not).
+* ``drift``: is the layer still going somewhere, or only jittering? Over its last
+  ``window`` training iterations, the net change (``repo.diff`` between the snapshot
+  before them and the latest) over the path length (the sum of the per-commit changes
+  from commit statistics). Consistent movement gives ~1; updates that cancel out (noise
+  around a point the layer has reached) give ~1/sqrt(window) in high dimensions. A layer
+  whose drift is below ``drift`` is frozen. The ratio does not depend on the learning
+  rate or its schedule, and frozen iterations are skipped as for plasticity.
 
 With ``prefix_only`` only input-side prefixes of each network are frozen (front to back,
 as in Egeria/AutoFreeze): the trainer then runs the frozen prefix once per update over the
@@ -42,7 +49,7 @@ if TYPE_CHECKING:
     from trainer.store_hook import StoreHook
     from trainer.train import Trainer
 
-CRITERIA = ("threshold", "plasticity")
+CRITERIA = ("threshold", "plasticity", "drift")
 
 
 @dataclass
@@ -58,6 +65,9 @@ class DirtyLayerConfig:
     """snapshots compared (threshold) or recent training iterations averaged (plasticity)"""
     plasticity: float = 0.5
     """plasticity criterion: freeze when recent movement / earlier movement is below this"""
+    drift: float = 0.6
+    """drift criterion: freeze when net change / path length over the window is below
+    this (pure noise over `window` steps gives ~1/sqrt(window))"""
     reference: int = 4
     """plasticity criterion: the layer's first training iterations (in this run) that form
     the reference movement"""
@@ -126,8 +136,15 @@ def movement_history(commits: list[dict[str, Any]], prefix: str = "model/",
     statistics alone), divided by the commit's learning rate when ``lr_normalise``.
 
     ``commits`` are ``{"stats": ..., "metrics": ...}`` mappings, oldest first."""
-    out: dict[str, list[float]] = {}
-    for commit in commits:
+    return {name: [rel for _, rel in moves]
+            for name, moves in indexed_movement(commits, prefix, lr_normalise).items()}
+
+
+def indexed_movement(commits: list[dict[str, Any]], prefix: str = "model/",
+                     lr_normalise: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """Like :func:`movement_history`, with the index of each commit in ``commits``."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for i, commit in enumerate(commits):
         layers = (commit.get("stats") or {}).get("layers") or {}
         lr = (commit.get("metrics") or {}).get("charts/learning_rate")
         scale = 1.0 / lr if lr_normalise and isinstance(lr, float) and lr > 0 else 1.0
@@ -136,8 +153,14 @@ def movement_history(commits: list[dict[str, Any]], prefix: str = "model/",
                 continue
             if entry.get("status") in ("unchanged", "added") or entry.get("rel") is None:
                 continue  # frozen in this iteration, or no parent to compare with
-            out.setdefault(name[len(prefix):], []).append(float(entry["rel"]) * scale)
+            out.setdefault(name[len(prefix):], []).append((i, float(entry["rel"]) * scale))
     return out
+
+
+def drift(path: list[float], net: float) -> float | None:
+    """Net change over the sum of the steps' changes (None when nothing moved)."""
+    total = sum(path)
+    return net / total if total > 0 else None
 
 
 @dataclass
@@ -184,6 +207,9 @@ class DirtyLayerController(Hook):
         if cfg.criterion == "plasticity":
             changes = self._plasticities(commits)
             limit = cfg.plasticity
+        elif cfg.criterion == "drift":
+            changes = self._drifts(commits)
+            limit = cfg.drift
         else:
             changes = self._window_changes(commits)
             limit = cfg.threshold
@@ -206,15 +232,41 @@ class DirtyLayerController(Hook):
         return {lc.layer[len(cfg.prefix):]: lc.rel for lc in diff.layers
                 if lc.layer.startswith(cfg.prefix)}
 
-    def _plasticities(self, commits: list[str]) -> dict[str, float | None]:
-        """Plasticity per layer from the commits' statistics (no tensor is read)."""
-        cfg = self.config
+    def _commit_stats(self, commits: list[str]) -> list[dict[str, Any]]:
         repo = self.store.repo
-        data = []
         for cid in commits:
             if cid not in self._commit_data:
                 commit = repo.read_commit(cid)
-                self._commit_data[cid] = {"stats": commit.stats, "metrics": commit.metrics}
-            data.append(self._commit_data[cid])
-        history = movement_history(data, cfg.prefix, cfg.lr_normalise)
+                self._commit_data[cid] = {"stats": commit.stats, "metrics": commit.metrics,
+                                          "parents": commit.parents}
+        return [self._commit_data[cid] for cid in commits]
+
+    def _plasticities(self, commits: list[str]) -> dict[str, float | None]:
+        """Plasticity per layer from the commits' statistics (no tensor is read)."""
+        cfg = self.config
+        history = movement_history(self._commit_stats(commits), cfg.prefix,
+                                   cfg.lr_normalise)
         return {name: plasticity(h, cfg.window, cfg.reference) for name, h in history.items()}
+
+    def _drifts(self, commits: list[str]) -> dict[str, float | None]:
+        """Drift per layer: the path from commit statistics, the net change from one
+        ``repo.diff`` per distinct starting snapshot (usually one)."""
+        cfg = self.config
+        data = self._commit_stats(commits)
+        nets: dict[int, dict[str, float | None]] = {}
+        out: dict[str, float | None] = {}
+        for name, moves in indexed_movement(data, cfg.prefix).items():
+            if len(moves) < cfg.window:
+                out[name] = None
+                continue
+            recent = moves[-cfg.window:]
+            start = recent[0][0] - 1  # the snapshot before the first of these steps
+            if start not in nets:
+                old = commits[start] if start >= 0 else (data[0]["parents"] or [None])[0]
+                diff = self.store.repo.diff(old, commits[-1]) if old else None
+                nets[start] = {} if diff is None else {
+                    lc.layer[len(cfg.prefix):]: lc.rel for lc in diff.layers
+                    if lc.layer.startswith(cfg.prefix)}
+            net = nets[start].get(name)
+            out[name] = None if net is None else drift([r for _, r in recent], net)
+        return out

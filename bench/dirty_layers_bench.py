@@ -179,6 +179,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
                                 drift=args.drift,
                                 lr_normalise=not args.no_lr_normalise,
                                 prefix_only=arm in ("plasticity", "drift"),
+                                max_depth=args.max_depth,
                                 refresh=args.refresh,
                                 warmup=args.warmup, sync=True)
         ctrl = DirtyLayerController(store, dcfg)
@@ -357,6 +358,8 @@ def main() -> None:
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--plasticity", type=float, default=0.5)
     p.add_argument("--drift", type=float, default=0.6)
+    p.add_argument("--max-depth", type=int, default=None,
+                   help="prefix arms: freeze at most this many layers per network")
     p.add_argument("--reference", type=int, default=3)
     p.add_argument("--no-lr-normalise", action="store_true",
                    help="plasticity on raw movement (learning-rate annealing counts)")
@@ -393,7 +396,10 @@ def main() -> None:
         args.cache = str(work / "cache")
     torch.set_num_threads(args.threads)
     regimes = ("scratch", "finetune") if args.regime == "both" else (args.regime,)
-    rows = []
+    rows: list[dict] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
     try:
         for hidden in args.hidden:
             for regime in regimes:
@@ -404,6 +410,9 @@ def main() -> None:
                         if args.label and arm != "full":
                             r["arm"] = f"{arm}-{args.label}"
                         rows.append(r)
+                        # after every run, so a long invocation's finished runs are kept
+                        json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
+                                                        indent=1))
                         print(f"{regime} {hidden} seed {seed} {arm:10s}: update "
                               f"{r['update_s']:.1f}s backward {r['backward_s']:.1f}s "
                               f"GFLOPs {r['update_gflops']:.1f} return "
@@ -411,11 +420,6 @@ def main() -> None:
                               f"store {r['store_mb']:.1f} MB", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
-    json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
-                                                   indent=1))
     for earlier in args.include:  # tabulated, not written into this output's runs
         ours = {(r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) for r in rows}
         rows += [r for r in json.loads(Path(earlier).read_text())["runs"]

@@ -76,6 +76,9 @@ class DirtyLayerConfig:
     prefix_only: bool = False
     """freeze only input-side prefixes of each network (the backward pass stops before
     them); other candidates keep training"""
+    max_depth: int | None = None
+    """with prefix_only: freeze at most this many layers of each network, front to back
+    (None: no limit)"""
     refresh: int = 10
     """every `refresh` iterations of this run all layers train (so frozen layers can come
     back)"""
@@ -96,6 +99,8 @@ class DirtyLayerConfig:
                              f"from {', '.join(CRITERIA)}")
         if self.window < 1 or self.reference < 1 or self.refresh < 1:
             raise ValueError("dirty-layer window, reference and refresh must be >= 1")
+        if self.max_depth is not None and self.max_depth < 1:
+            raise ValueError("dirty-layer max_depth must be >= 1 (or None: no limit)")
 
 
 def layer_order(name: str) -> tuple[str, int]:
@@ -104,16 +109,18 @@ def layer_order(name: str) -> tuple[str, int]:
     return (net, int(index)) if index.isdigit() else (name, 0)
 
 
-def input_side_prefixes(layers: list[str], candidates: set[str]) -> set[str]:
-    """The candidates that, per network, form an unbroken run from its first layer."""
+def input_side_prefixes(layers: list[str], candidates: set[str],
+                        max_depth: int | None = None) -> set[str]:
+    """The candidates that, per network, form an unbroken run from its first layer (at
+    most ``max_depth`` layers of each network)."""
     keep: set[str] = set()
     nets: dict[str, list[tuple[int, str]]] = {}
     for name in layers:
         net, index = layer_order(name)
         nets.setdefault(net, []).append((index, name))
     for members in nets.values():
-        for _, name in sorted(members):
-            if name not in candidates:
+        for depth, (_, name) in enumerate(sorted(members)):
+            if name not in candidates or (max_depth is not None and depth >= max_depth):
                 break
             keep.add(name)
     return keep
@@ -222,7 +229,7 @@ class DirtyLayerController(Hook):
             dirty.update(ranked[:cfg.min_active])
         frozen = set(layers) - dirty
         if cfg.prefix_only:
-            frozen = input_side_prefixes(layers, frozen)
+            frozen = input_side_prefixes(layers, frozen, cfg.max_depth)
         return frozen
 
     def _window_changes(self, commits: list[str]) -> dict[str, float | None]:

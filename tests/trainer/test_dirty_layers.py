@@ -291,6 +291,20 @@ def test_drift_measures_the_last_training_iterations_skipping_frozen_ones():
     assert decide_drift(commits, diff, ["jitter", "travel"])[0] == set()
 
 
+def test_max_depth_freezes_front_to_back_at_most_that_many_layers_per_network():
+    layers = ["critic.0", "critic.2", "critic.4", "actor.0", "actor.2", "actor.4"]
+    every = set(layers) - {"actor.4"}
+    assert input_side_prefixes(layers, every, 1) == {"critic.0", "actor.0"}
+    assert input_side_prefixes(layers, every, 2) == every - {"critic.4"}
+    assert input_side_prefixes(layers, {"actor.2"}, 1) == set()  # not input-side
+    slowed = {n: 0.01 for n in layers} | {"actor.4": 1.0}  # all but the actor's head
+    history = [commit({n: 1.0 for n in layers})] * 3 + [commit(slowed)] * 2
+    assert decide(history, layers, prefix_only=True)[0] == every
+    assert decide(history, layers, prefix_only=True, max_depth=1)[0] == {"critic.0", "actor.0"}
+    with pytest.raises(ValueError, match="max_depth"):
+        DirtyLayerConfig(max_depth=0)
+
+
 def test_drift_controller_runs_with_a_real_store(repo):
     hook = StoreHook(repo, branch="run")
     cfg = DirtyLayerConfig(criterion="drift", window=2, warmup=1, drift=1e9,

@@ -96,11 +96,13 @@ def parse_hidden(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def task_env(args: argparse.Namespace, finetune: bool) -> WarehouseEnv:
+def task_env(args: argparse.Namespace, finetune: bool, worlds: int | None = None
+             ) -> WarehouseEnv:
+    worlds = worlds or args.envs
     if not finetune:
-        return WarehouseEnv(args.envs, num_agents=args.agents)
+        return WarehouseEnv(worlds, num_agents=args.agents)
     bx, by = (int(x) for x in args.ft_layout.split("x"))
-    return WarehouseEnv(args.envs, num_agents=args.ft_agents,
+    return WarehouseEnv(worlds, num_agents=args.ft_agents,
                         collision_penalty=args.ft_collision,
                         layout_kwargs={"blocks_x": bx, "blocks_y": by})
 
@@ -199,6 +201,11 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
+    # the final policy on the run's task: eval_worlds episodes from a fixed seed (the same
+    # worlds and sampling stream for every arm of a seed: common random numbers, so the
+    # paired difference between arms is not swamped by episode noise)
+    trainer.eval_env = task_env(args, finetune, worlds=args.eval_worlds)
+    evaluation = trainer.evaluate(num_episodes=args.eval_worlds) if args.eval_worlds else {}
     its = rec.iterations
     curve = [m.get("charts/episodic_return", float("nan")) for m in its]
     size = sum(p.stat().st_size for p in (repo.vrl_dir / "objects").rglob("*") if p.is_file())
@@ -219,6 +226,8 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         "backward_gflops": sum(counter.backward_flops) / 1e9,
         "optimizer_steps_per_layer": counter.steps_per_layer,
         "final_return": tail_mean(curve),
+        "eval_return": evaluation.get("eval/return", float("nan")),
+        "eval_deliveries": evaluation.get("eval/deliveries", float("nan")),
         "deliveries": tail_mean([m.get("env/deliveries", float("nan")) for m in its]),
         "return_curve": curve,
         "store_mb": size / 1e6,
@@ -267,8 +276,8 @@ def fmt(values: list[float], digits: int = 3) -> str:
 def table(rows: list[dict]) -> list[str]:
     lines = ["| regime | trunk | arm | update s (noisy) | backward s (noisy) | update GFLOPs "
              "| backward GFLOPs | optimizer steps per layer (mean) | final return | "
-             "deliveries | iterations to 95% | store MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "deliveries | eval return | iterations to 95% | store MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["regime"], "x".join(map(str, r["hidden"])), r["arm"]),
@@ -291,6 +300,7 @@ def table(rows: list[dict]) -> list[str]:
             f"{fmt([r['backward_gflops'] for r in group], 4)} | {fmt(steps, 4)} | "
             f"{fmt([r['final_return'] for r in group])} | "
             f"{fmt([r['deliveries'] for r in group])} | "
+            f"{fmt([r.get('eval_return', float('nan')) for r in group])} | "
             f"{fmt(reached) if reached else 'n/a'}"
             f"{f' ({len(reached)}/{len(to95)} reached)' if len(reached) < len(to95) else ''}"
             f" | {fmt([r['store_mb'] for r in group])} |")
@@ -317,10 +327,15 @@ def savings(rows: list[dict]) -> list[str]:
         ret = fmt([100 * (r["final_return"] - f["final_return"]) / abs(f["final_return"])
                    for r, f in pairs if f["final_return"]], 3)
         diff = fmt([r["final_return"] - f["final_return"] for r, f in pairs], 3)
+        ev = [(r.get("eval_return", float("nan")), f.get("eval_return", float("nan")))
+              for r, f in pairs]
+        ev_rel = fmt([100 * (a - b) / abs(b) for a, b in ev if b == b and b], 3)
+        ev_diff = fmt([a - b for a, b in ev], 3)
         out.append(f"- {regime}, {trunk}, {arm} vs full (paired by seed, {len(pairs)} "
                    f"seeds): update FLOPs saved {rel('update_gflops')}%, backward FLOPs "
                    f"saved {rel('backward_gflops')}%, update time saved {rel('update_s')}% "
-                   f"(noisy), final return change {ret}% (difference {diff})")
+                   f"(noisy), final return change {ret}% (difference {diff}), eval return change "
+                   f"{ev_rel}% (difference {ev_diff})")
     return out
 
 
@@ -371,6 +386,9 @@ def main() -> None:
                                                    "vrl-dirty-bench-cache"))
     p.add_argument("--out", default=str(OUT / "dirty_layers"),
                    help="output path without extension (.json and .md are written)")
+    p.add_argument("--eval-worlds", type=int, default=32,
+                   help="evaluate the final policy on this many worlds (one episode each; "
+                   "fixed seed per run seed; 0: skip)")
     p.add_argument("--drift-span", type=int, default=4,
                    help="record each layer's net change over this many commits")
     p.add_argument("--include", action="append", default=[],
@@ -416,7 +434,8 @@ def main() -> None:
                         print(f"{regime} {hidden} seed {seed} {arm:10s}: update "
                               f"{r['update_s']:.1f}s backward {r['backward_s']:.1f}s "
                               f"GFLOPs {r['update_gflops']:.1f} return "
-                              f"{r['final_return']:.3f} deliveries {r['deliveries']:.2f} "
+                              f"{r['final_return']:.3f} eval {r['eval_return']:.3f} "
+                              f"deliveries {r['deliveries']:.2f} "
                               f"store {r['store_mb']:.1f} MB", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

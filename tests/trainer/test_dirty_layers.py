@@ -391,3 +391,30 @@ def test_warmup_and_refresh_count_from_the_branch_point_not_the_snapshot_counter
     assert [it for it, _ in ctrl.history] == list(range(1003, 1010))
     # 2, 3: warm-up; 4: all but the most-moving layer frozen; 5: refresh; 6-8 frozen
     assert frozen == [0, 0, n - 1, 0, n - 1, n - 1, n - 1], ctrl.history
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["dirty_layers", "dirty_layers_large"])
+def test_dvc_stage_command_is_consistent_with_params_and_runs(stage, tmp_path):
+    # `dvc repro <stage>` runs this command with params.yaml substituted: every ${...}
+    # must resolve and the bench must accept every option (a --quick smoke budget here)
+    import re
+    import shlex
+
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    cmd = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["cmd"]
+
+    def value(match: re.Match) -> str:
+        section, key = match.group(1).split(".")
+        return str(params[section][key])
+
+    argv = shlex.split(re.sub(r"\$\{([\w.]+)\}", value, cmd))
+    assert argv[:2] == ["python", "bench/dirty_layers_bench.py"] and "${" not in " ".join(argv)
+    out = tmp_path / "stage"
+    argv[argv.index("--out") + 1] = str(out)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, *argv[1:], "--quick"], check=True, env=env, cwd=ROOT,
+                   timeout=600, capture_output=True)
+    assert "| full |" in out.with_suffix(".md").read_text()

@@ -349,6 +349,8 @@ def main() -> None:
                    help="trunk widths, e.g. 128,128 (repeat for several sizes)")
     p.add_argument("--algo", default="ppo", choices=("ppo", "gspo"))
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=1,
+                   help="seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--pretrain-steps", type=int, default=1_000_000,
                    help="agent-steps of the base policy (trainer defaults otherwise)")
     p.add_argument("--pretrain-budget", action="store_true",
@@ -422,7 +424,7 @@ def main() -> None:
         for hidden in args.hidden:
             for regime in regimes:
                 base = base_snapshot(args, hidden) if regime == "finetune" else None
-                for seed in range(1, args.seeds + 1):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     for arm in arms:
                         r = run(regime, hidden, arm, seed, args, work, base)
                         if args.label and arm != "full":

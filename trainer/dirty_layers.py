@@ -1,7 +1,7 @@
 """Dirty-layer training: only layers that still move keep training.
 
 After each iteration the controller decides from the store which layers train in the next
-one. Two criteria (``DirtyLayerConfig.criterion``):
+one. Three criteria (``DirtyLayerConfig.criterion``):
 
 * ``threshold`` (the original): how far each layer moved over the last ``window``
   snapshots (``repo.diff(old, new)``, computed from the stored objects); a layer whose
@@ -57,12 +57,14 @@ class DirtyLayerConfig:
     """Settings of the dirty-layer controller."""
 
     criterion: str = "threshold"
-    """"threshold" (one global relative-change threshold) or "plasticity" (a layer's
-    recent movement relative to its own earlier movement)"""
+    """"threshold" (one global relative-change threshold), "plasticity" (a layer's
+    recent movement relative to its own earlier movement) or "drift" (net change over
+    path length: still travelling or only jittering)"""
     threshold: float = 0.02
     """threshold criterion: relative change over the window above which a layer trains"""
     window: int = 3
-    """snapshots compared (threshold) or recent training iterations averaged (plasticity)"""
+    """snapshots compared (threshold) or a layer's recent training iterations averaged
+    (plasticity) or measured (drift)"""
     plasticity: float = 0.5
     """plasticity criterion: freeze when recent movement / earlier movement is below this"""
     drift: float = 0.6

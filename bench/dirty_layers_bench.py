@@ -10,20 +10,26 @@ Regimes:
   (``--pretrain-steps``; cached under ``--cache``, keyed by the settings), then change
   the task in three ways - another floor plan
   (``--ft-layout``), more AGVs (``--ft-agents``, 20 -> 30) and a harsher collision penalty
-  (``--ft-collision``) - and fine-tune from the base weights and Adam state.
+  (``--ft-collision``) - and fine-tune from the base weights and Adam state, at the
+  trainer's learning rate annealed over the fine-tune or held (``--ft-schedule``).
 
 Arms (``--arms``): ``full`` (every layer trains), ``threshold`` (the original criterion:
-one global relative-change threshold, any layer) and ``plasticity`` (each layer's recent
-movement over its own earlier movement, read from commit statistics; input-side prefixes
-only, so the backward pass stops before the frozen layers). Every arm snapshots every
+one global relative-change threshold, any layer), ``plasticity`` (each layer's recent
+movement over its own earlier movement, read from commit statistics) and ``drift`` (net
+change over path length of a layer's last training iterations); the last two freeze
+input-side prefixes only (at most ``--max-depth`` layers per network), so the backward
+pass stops before the frozen layers. Every arm snapshots every
 iteration into its own store. Reported per regime, size and arm (mean +/- std over seeds):
 update wall time, backward wall time (measured in process around ``loss.backward()``),
 update FLOPs and backward FLOPs of the Linear layers (counted from the frozen set of each
 iteration: forward, weight-gradient and input-gradient matmuls; a cached frozen prefix
 counts one forward over the rollout), optimizer steps per layer, final return and
-deliveries (mean of the last three episode ends), iterations to reach 95% of the
+deliveries (mean of the last three episode ends), eval return (the final policy on
+``--eval-worlds`` worlds from a fixed seed: common random numbers across the arms of a
+seed), each layer's per-commit and net movement, iterations to reach 95% of the
 full arm's final return (same seed), and store growth. Wall times on a shared machine are
-noisy; FLOPs and optimizer steps are exact. Writes bench/out/dirty_layers.json and .md.
+noisy; FLOPs and optimizer steps are exact. Differences against the full arm are paired
+by seed. Writes bench/out/dirty_layers.json and .md.
 """
 
 from __future__ import annotations
@@ -451,10 +457,11 @@ def main() -> None:
         f"({args.agents} AGVs; fine-tune task: {args.ft_agents} AGVs, {args.ft_layout} "
         f"blocks, collision {args.ft_collision}); base {args.pretrain_steps} "
         f"agent-steps ({'bench budget' if args.pretrain_budget else 'trainer defaults'}); "
-        f"{args.epochs} epochs x {args.minibatches} minibatches; threshold "
-        f"{args.threshold}, plasticity {args.plasticity} (window {args.window}, reference "
-        f"{args.reference}), refresh {args.refresh}, warmup {args.warmup}; torch threads "
-        f"{args.threads}."]
+        f"{args.epochs} epochs x {args.minibatches} minibatches; fine-tune LR "
+        f"{args.ft_schedule}; threshold {args.threshold}, plasticity {args.plasticity} "
+        f"(reference {args.reference}), drift {args.drift}, window {args.window}, "
+        f"max depth {args.max_depth}, refresh {args.refresh}, warmup {args.warmup}; eval "
+        f"on {args.eval_worlds} worlds; torch threads {args.threads}."]
     md_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -10,20 +10,26 @@ Regimes:
   (``--pretrain-steps``; cached under ``--cache``, keyed by the settings), then change
   the task in three ways - another floor plan
   (``--ft-layout``), more AGVs (``--ft-agents``, 20 -> 30) and a harsher collision penalty
-  (``--ft-collision``) - and fine-tune from the base weights and Adam state.
+  (``--ft-collision``) - and fine-tune from the base weights and Adam state, at the
+  trainer's learning rate annealed over the fine-tune or held (``--ft-schedule``).
 
 Arms (``--arms``): ``full`` (every layer trains), ``threshold`` (the original criterion:
-one global relative-change threshold, any layer) and ``plasticity`` (each layer's recent
-movement over its own earlier movement, read from commit statistics; input-side prefixes
-only, so the backward pass stops before the frozen layers). Every arm snapshots every
+one global relative-change threshold, any layer), ``plasticity`` (each layer's recent
+movement over its own earlier movement, read from commit statistics) and ``drift`` (net
+change over path length of a layer's last training iterations); the last two freeze
+input-side prefixes only (at most ``--max-depth`` layers per network), so the backward
+pass stops before the frozen layers. Every arm snapshots every
 iteration into its own store. Reported per regime, size and arm (mean +/- std over seeds):
 update wall time, backward wall time (measured in process around ``loss.backward()``),
 update FLOPs and backward FLOPs of the Linear layers (counted from the frozen set of each
 iteration: forward, weight-gradient and input-gradient matmuls; a cached frozen prefix
 counts one forward over the rollout), optimizer steps per layer, final return and
-deliveries (mean of the last three episode ends), iterations to reach 95% of the
+deliveries (mean of the last three episode ends), eval return (the final policy on
+``--eval-worlds`` worlds from a fixed seed: common random numbers across the arms of a
+seed), each layer's per-commit and net movement, iterations to reach 95% of the
 full arm's final return (same seed), and store growth. Wall times on a shared machine are
-noisy; FLOPs and optimizer steps are exact. Writes bench/out/dirty_layers.json and .md.
+noisy; FLOPs and optimizer steps are exact. Differences against the full arm are paired
+by seed. Writes bench/out/dirty_layers.json and .md.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from trainer.train import Trainer
 from vrl import Repo
 
 OUT = Path(__file__).parent / "out"
-ARMS = ("full", "threshold", "plasticity")
+ARMS = ("full", "threshold", "plasticity", "drift")
 
 
 class ComputeCounter(Hook):
@@ -96,23 +102,31 @@ def parse_hidden(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def task_env(args: argparse.Namespace, finetune: bool) -> WarehouseEnv:
+def task_env(args: argparse.Namespace, finetune: bool, worlds: int | None = None
+             ) -> WarehouseEnv:
+    worlds = worlds or args.envs
     if not finetune:
-        return WarehouseEnv(args.envs, num_agents=args.agents)
+        return WarehouseEnv(worlds, num_agents=args.agents)
     bx, by = (int(x) for x in args.ft_layout.split("x"))
-    return WarehouseEnv(args.envs, num_agents=args.ft_agents,
+    return WarehouseEnv(worlds, num_agents=args.ft_agents,
                         collision_penalty=args.ft_collision,
                         layout_kwargs={"blocks_x": bx, "blocks_y": by})
 
 
 def make_config(args: argparse.Namespace, hidden: list[int], seed: int,
-                iterations: int) -> PPOConfig:
-    """The trainer's defaults for ``--algo``, with the benchmark's budget."""
+                iterations: int, finetune: bool = False) -> PPOConfig:
+    """The trainer's defaults for ``--algo``, with the benchmark's budget (and, for a
+    fine-tune, its learning rate and schedule)."""
+    extra: dict[str, Any] = {}
+    if finetune:
+        extra["anneal_lr"] = args.ft_schedule == "anneal"
+        if args.ft_lr is not None:
+            extra["learning_rate"] = args.ft_lr
     return config_from_dict(args.algo, {
         "seed": seed, "num_envs": args.envs, "num_steps": args.steps,
         "num_minibatches": args.minibatches, "update_epochs": args.epochs,
         "hidden_sizes": hidden,
-        "total_steps": args.envs * args.agents * args.steps * iterations})
+        "total_steps": args.envs * args.agents * args.steps * iterations} | extra)
 
 
 def base_snapshot(args: argparse.Namespace, hidden: list[int]) -> tuple[Repo, str]:
@@ -158,7 +172,7 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         work: Path, base: Any) -> dict:
     finetune = regime == "finetune"
     iterations = args.iterations if finetune else args.scratch_iterations
-    cfg = make_config(args, hidden, seed, iterations)
+    cfg = make_config(args, hidden, seed, iterations, finetune)
     env = task_env(args, finetune)
     repo_dir = work / f"{regime}-{'x'.join(map(str, hidden))}-{arm}-{seed}"
     shutil.rmtree(repo_dir, ignore_errors=True)
@@ -170,8 +184,11 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     if arm != "full":
         dcfg = DirtyLayerConfig(criterion=arm, threshold=args.threshold, window=args.window,
                                 plasticity=args.plasticity, reference=args.reference,
+                                drift=args.drift,
                                 lr_normalise=not args.no_lr_normalise,
-                                prefix_only=arm == "plasticity", refresh=args.refresh,
+                                prefix_only=arm in ("plasticity", "drift"),
+                                max_depth=args.max_depth,
+                                refresh=args.refresh,
                                 warmup=args.warmup, sync=True)
         ctrl = DirtyLayerController(store, dcfg)
         hooks.insert(1, ctrl)
@@ -182,14 +199,30 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         trainer.agent.load_state_dict({k: torch.as_tensor(v).clone()
                                        for k, v in state["model"].items()})
         trainer.algo.optimizer.load_state_dict(state["algo"]["optimizer"])
+        for group in trainer.algo.optimizer.param_groups:
+            # the base's saved lr is its annealed end value (~0): start from this run's
+            group["lr"] = cfg.learning_rate
     counter = ComputeCounter(trainer)
     trainer.hooks.insert(0, counter)  # sees the frozen set the iteration ran with
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
+    # the final policy on the run's task: eval_worlds episodes from a fixed seed (the same
+    # worlds and sampling stream for every arm of a seed: common random numbers, so the
+    # paired difference between arms is not swamped by episode noise)
+    trainer.eval_env = task_env(args, finetune, worlds=args.eval_worlds)
+    evaluation = trainer.evaluate(num_episodes=args.eval_worlds) if args.eval_worlds else {}
     its = rec.iterations
     curve = [m.get("charts/episodic_return", float("nan")) for m in its]
     size = sum(p.stat().st_size for p in (repo.vrl_dir / "objects").rglob("*") if p.is_file())
+    movement = layer_movement(repo, store.commits)
+    net = {}  # per layer, its net change over the last `span` commits, at each commit
+    span = args.drift_span
+    for i in range(span, len(store.commits)):
+        diff = repo.diff(store.commits[i - span], store.commits[i])
+        for lc in diff.layers:
+            if lc.layer.startswith("model/") and "/" not in lc.layer[6:]:
+                net.setdefault(lc.layer[6:], [None] * span).append(lc.rel)
     return {
         "regime": regime, "hidden": hidden, "arm": arm, "seed": seed, "wall_s": wall,
         "update_s": sum(m["perf/update_s"] for m in its),
@@ -199,12 +232,31 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
         "backward_gflops": sum(counter.backward_flops) / 1e9,
         "optimizer_steps_per_layer": counter.steps_per_layer,
         "final_return": tail_mean(curve),
+        "eval_return": evaluation.get("eval/return", float("nan")),
+        "eval_deliveries": evaluation.get("eval/deliveries", float("nan")),
         "deliveries": tail_mean([m.get("env/deliveries", float("nan")) for m in its]),
         "return_curve": curve,
         "store_mb": size / 1e6,
         "frozen_per_iteration": [f for _, f in ctrl.history] if ctrl else [],
         "measures": ctrl.measures if ctrl else [],
+        "movement": movement,
+        "net_movement": net,
+        "learning_rate": [m.get("charts/learning_rate") for m in its],
     }
+
+
+def layer_movement(repo: Repo, commits: list[str]) -> dict[str, list[float | None]]:
+    """Per layer, its relative change against the parent in every commit (None where
+    the layer was frozen or the commit has no parent), from commit statistics."""
+    out: dict[str, list[float | None]] = {}
+    for cid in commits:
+        layers = repo.read_commit(cid).stats.get("layers") or {}
+        for name, entry in layers.items():
+            if not name.startswith("model/") or "/" in name[6:]:
+                continue
+            moved = entry.get("status") not in ("unchanged", "added")
+            out.setdefault(name[6:], []).append(entry.get("rel") if moved else None)
+    return out
 
 
 def iterations_to(curve: list[float], target: float, smooth: int = 3) -> int | None:
@@ -230,8 +282,8 @@ def fmt(values: list[float], digits: int = 3) -> str:
 def table(rows: list[dict]) -> list[str]:
     lines = ["| regime | trunk | arm | update s (noisy) | backward s (noisy) | update GFLOPs "
              "| backward GFLOPs | optimizer steps per layer (mean) | final return | "
-             "deliveries | iterations to 95% | store MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "deliveries | eval return | iterations to 95% | store MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["regime"], "x".join(map(str, r["hidden"])), r["arm"]),
@@ -254,6 +306,7 @@ def table(rows: list[dict]) -> list[str]:
             f"{fmt([r['backward_gflops'] for r in group], 4)} | {fmt(steps, 4)} | "
             f"{fmt([r['final_return'] for r in group])} | "
             f"{fmt([r['deliveries'] for r in group])} | "
+            f"{fmt([r.get('eval_return', float('nan')) for r in group])} | "
             f"{fmt(reached) if reached else 'n/a'}"
             f"{f' ({len(reached)}/{len(to95)} reached)' if len(reached) < len(to95) else ''}"
             f" | {fmt([r['store_mb'] for r in group])} |")
@@ -279,10 +332,16 @@ def savings(rows: list[dict]) -> list[str]:
 
         ret = fmt([100 * (r["final_return"] - f["final_return"]) / abs(f["final_return"])
                    for r, f in pairs if f["final_return"]], 3)
-        out.append(f"- {regime}, {trunk}, {arm} vs full (per seed): update FLOPs saved "
-                   f"{rel('update_gflops')}%, backward FLOPs saved {rel('backward_gflops')}%, "
-                   f"update time saved {rel('update_s')}% (noisy), final return change "
-                   f"{ret}%")
+        diff = fmt([r["final_return"] - f["final_return"] for r, f in pairs], 3)
+        ev = [(r.get("eval_return", float("nan")), f.get("eval_return", float("nan")))
+              for r, f in pairs]
+        ev_rel = fmt([100 * (a - b) / abs(b) for a, b in ev if b == b and b], 3)
+        ev_diff = fmt([a - b for a, b in ev], 3)
+        out.append(f"- {regime}, {trunk}, {arm} vs full (paired by seed, {len(pairs)} "
+                   f"seeds): update FLOPs saved {rel('update_gflops')}%, backward FLOPs "
+                   f"saved {rel('backward_gflops')}%, update time saved {rel('update_s')}% "
+                   f"(noisy), final return change {ret}% (difference {diff}), eval return change "
+                   f"{ev_rel}% (difference {ev_diff})")
     return out
 
 
@@ -296,6 +355,8 @@ def main() -> None:
                    help="trunk widths, e.g. 128,128 (repeat for several sizes)")
     p.add_argument("--algo", default="ppo", choices=("ppo", "gspo"))
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=1,
+                   help="seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--pretrain-steps", type=int, default=1_000_000,
                    help="agent-steps of the base policy (trainer defaults otherwise)")
     p.add_argument("--pretrain-budget", action="store_true",
@@ -312,8 +373,16 @@ def main() -> None:
     p.add_argument("--ft-agents", type=int, default=30)
     p.add_argument("--ft-layout", default="3x4", help="shelf blocks XxY of the new plan")
     p.add_argument("--ft-collision", type=float, default=-0.3)
+    p.add_argument("--ft-schedule", choices=("anneal", "constant"), default="anneal",
+                   help="fine-tune learning rate: annealed linearly to 0 over the fine-tune "
+                   "(the trainer's default) or constant")
+    p.add_argument("--ft-lr", type=float, default=None,
+                   help="fine-tune learning rate (default: the trainer's)")
     p.add_argument("--threshold", type=float, default=0.01)
     p.add_argument("--plasticity", type=float, default=0.5)
+    p.add_argument("--drift", type=float, default=0.6)
+    p.add_argument("--max-depth", type=int, default=None,
+                   help="prefix arms: freeze at most this many layers per network")
     p.add_argument("--reference", type=int, default=3)
     p.add_argument("--no-lr-normalise", action="store_true",
                    help="plasticity on raw movement (learning-rate annealing counts)")
@@ -325,6 +394,16 @@ def main() -> None:
                                                    "vrl-dirty-bench-cache"))
     p.add_argument("--out", default=str(OUT / "dirty_layers"),
                    help="output path without extension (.json and .md are written)")
+    p.add_argument("--eval-worlds", type=int, default=32,
+                   help="evaluate the final policy on this many worlds (one episode each; "
+                   "fixed seed per run seed; 0: skip)")
+    p.add_argument("--drift-span", type=int, default=4,
+                   help="record each layer's net change over this many commits")
+    p.add_argument("--include", action="append", default=[],
+                   help="also tabulate the runs of an earlier output (.json), e.g. the full "
+                   "arm of the same seeds run in another invocation; repeatable")
+    p.add_argument("--label", default=None,
+                   help="name this invocation's non-full arms ARM-LABEL in the tables")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: tiny budgets, one seed, a throwaway cache")
     args = p.parse_args()
@@ -343,37 +422,46 @@ def main() -> None:
         args.cache = str(work / "cache")
     torch.set_num_threads(args.threads)
     regimes = ("scratch", "finetune") if args.regime == "both" else (args.regime,)
-    rows = []
+    rows: list[dict] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
     try:
         for hidden in args.hidden:
             for regime in regimes:
                 base = base_snapshot(args, hidden) if regime == "finetune" else None
-                for seed in range(1, args.seeds + 1):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     for arm in arms:
                         r = run(regime, hidden, arm, seed, args, work, base)
+                        if args.label and arm != "full":
+                            r["arm"] = f"{arm}-{args.label}"
                         rows.append(r)
+                        # after every run, so a long invocation's finished runs are kept
+                        json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
+                                                        indent=1))
                         print(f"{regime} {hidden} seed {seed} {arm:10s}: update "
                               f"{r['update_s']:.1f}s backward {r['backward_s']:.1f}s "
                               f"GFLOPs {r['update_gflops']:.1f} return "
-                              f"{r['final_return']:.3f} deliveries {r['deliveries']:.2f} "
+                              f"{r['final_return']:.3f} eval {r['eval_return']:.3f} "
+                              f"deliveries {r['deliveries']:.2f} "
                               f"store {r['store_mb']:.1f} MB", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = Path(f"{out}.json"), Path(f"{out}.md")  # dots in --out stay
-    json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
-                                                   indent=1))
+    for earlier in args.include:  # tabulated, not written into this output's runs
+        ours = {(r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) for r in rows}
+        rows += [r for r in json.loads(Path(earlier).read_text())["runs"]
+                 if (r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) not in ours]
     lines = table(rows) + [""] + savings(rows) + [
         "", f"{args.seeds} seeds; {args.algo}; fine-tune {args.iterations} and scratch "
         f"{args.scratch_iterations} iterations of {args.envs} worlds x {args.steps} steps "
         f"({args.agents} AGVs; fine-tune task: {args.ft_agents} AGVs, {args.ft_layout} "
         f"blocks, collision {args.ft_collision}); base {args.pretrain_steps} "
         f"agent-steps ({'bench budget' if args.pretrain_budget else 'trainer defaults'}); "
-        f"{args.epochs} epochs x {args.minibatches} minibatches; threshold "
-        f"{args.threshold}, plasticity {args.plasticity} (window {args.window}, reference "
-        f"{args.reference}), refresh {args.refresh}, warmup {args.warmup}; torch threads "
-        f"{args.threads}."]
+        f"{args.epochs} epochs x {args.minibatches} minibatches; fine-tune LR "
+        f"{args.ft_schedule}; threshold {args.threshold}, plasticity {args.plasticity} "
+        f"(reference {args.reference}), drift {args.drift}, window {args.window}, "
+        f"max depth {args.max_depth}, refresh {args.refresh}, warmup {args.warmup}; eval "
+        f"on {args.eval_worlds} worlds; torch threads {args.threads}."]
     md_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

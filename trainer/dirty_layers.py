@@ -1,7 +1,7 @@
 """Dirty-layer training: only layers that still move keep training.
 
 After each iteration the controller decides from the store which layers train in the next
-one. Two criteria (``DirtyLayerConfig.criterion``):
+one. Three criteria (``DirtyLayerConfig.criterion``):
 
 * ``threshold`` (the original): how far each layer moved over the last ``window``
   snapshots (``repo.diff(old, new)``, computed from the stored objects); a layer whose
@@ -15,6 +15,13 @@ one. Two criteria (``DirtyLayerConfig.criterion``):
   moving *relative to itself* and is frozen; a layer that is slow but steady keeps a
   plasticity near 1 and trains on. Iterations in which a layer was frozen are skipped
   (it did not move because it could not).
+* ``drift``: is the layer still going somewhere, or only jittering? Over its last
+  ``window`` training iterations, the net change (``repo.diff`` between the snapshot
+  before them and the latest) over the path length (the sum of the per-commit changes
+  from commit statistics). Consistent movement gives ~1; updates that cancel out (noise
+  around a point the layer has reached) give ~1/sqrt(window) in high dimensions. A layer
+  whose drift is below ``drift`` is frozen. The ratio does not depend on the learning
+  rate or its schedule, and frozen iterations are skipped as for plasticity.
 
 With ``prefix_only`` only input-side prefixes of each network are frozen (front to back,
 as in Egeria/AutoFreeze): the trainer then runs the frozen prefix once per update over the
@@ -42,7 +49,7 @@ if TYPE_CHECKING:
     from trainer.store_hook import StoreHook
     from trainer.train import Trainer
 
-CRITERIA = ("threshold", "plasticity")
+CRITERIA = ("threshold", "plasticity", "drift")
 
 
 @dataclass
@@ -50,14 +57,19 @@ class DirtyLayerConfig:
     """Settings of the dirty-layer controller."""
 
     criterion: str = "threshold"
-    """"threshold" (one global relative-change threshold) or "plasticity" (a layer's
-    recent movement relative to its own earlier movement)"""
+    """"threshold" (one global relative-change threshold), "plasticity" (a layer's
+    recent movement relative to its own earlier movement) or "drift" (net change over
+    path length: still travelling or only jittering)"""
     threshold: float = 0.02
     """threshold criterion: relative change over the window above which a layer trains"""
     window: int = 3
-    """snapshots compared (threshold) or recent training iterations averaged (plasticity)"""
+    """snapshots compared (threshold) or a layer's recent training iterations averaged
+    (plasticity) or measured (drift)"""
     plasticity: float = 0.5
     """plasticity criterion: freeze when recent movement / earlier movement is below this"""
+    drift: float = 0.6
+    """drift criterion: freeze when net change / path length over the window is below
+    this (pure noise over `window` steps gives ~1/sqrt(window))"""
     reference: int = 4
     """plasticity criterion: the layer's first training iterations (in this run) that form
     the reference movement"""
@@ -66,12 +78,17 @@ class DirtyLayerConfig:
     prefix_only: bool = False
     """freeze only input-side prefixes of each network (the backward pass stops before
     them); other candidates keep training"""
+    max_depth: int | None = None
+    """with prefix_only: freeze at most this many layers of each network, front to back
+    (None: no limit)"""
     refresh: int = 10
-    """every `refresh` iterations all layers train (so frozen layers can come back)"""
+    """every `refresh` iterations of this run all layers train (so frozen layers can come
+    back)"""
     min_active: int = 1
     """layers that always train (the ones that moved most)"""
     warmup: int = 5
-    """iterations before any layer may be frozen"""
+    """iterations of this run (counted from where it started or branched, not from the
+    snapshot's iteration counter) before any layer may be frozen"""
     prefix: str = "model/"
     """where the model's tensors live in the snapshot tree"""
     sync: bool = False
@@ -84,6 +101,8 @@ class DirtyLayerConfig:
                              f"from {', '.join(CRITERIA)}")
         if self.window < 1 or self.reference < 1 or self.refresh < 1:
             raise ValueError("dirty-layer window, reference and refresh must be >= 1")
+        if self.max_depth is not None and self.max_depth < 1:
+            raise ValueError("dirty-layer max_depth must be >= 1 (or None: no limit)")
 
 
 def layer_order(name: str) -> tuple[str, int]:
@@ -92,16 +111,18 @@ def layer_order(name: str) -> tuple[str, int]:
     return (net, int(index)) if index.isdigit() else (name, 0)
 
 
-def input_side_prefixes(layers: list[str], candidates: set[str]) -> set[str]:
-    """The candidates that, per network, form an unbroken run from its first layer."""
+def input_side_prefixes(layers: list[str], candidates: set[str],
+                        max_depth: int | None = None) -> set[str]:
+    """The candidates that, per network, form an unbroken run from its first layer (at
+    most ``max_depth`` layers of each network)."""
     keep: set[str] = set()
     nets: dict[str, list[tuple[int, str]]] = {}
     for name in layers:
         net, index = layer_order(name)
         nets.setdefault(net, []).append((index, name))
     for members in nets.values():
-        for _, name in sorted(members):
-            if name not in candidates:
+        for depth, (_, name) in enumerate(sorted(members)):
+            if name not in candidates or (max_depth is not None and depth >= max_depth):
                 break
             keep.add(name)
     return keep
@@ -124,8 +145,15 @@ def movement_history(commits: list[dict[str, Any]], prefix: str = "model/",
     statistics alone), divided by the commit's learning rate when ``lr_normalise``.
 
     ``commits`` are ``{"stats": ..., "metrics": ...}`` mappings, oldest first."""
-    out: dict[str, list[float]] = {}
-    for commit in commits:
+    return {name: [rel for _, rel in moves]
+            for name, moves in indexed_movement(commits, prefix, lr_normalise).items()}
+
+
+def indexed_movement(commits: list[dict[str, Any]], prefix: str = "model/",
+                     lr_normalise: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """Like :func:`movement_history`, with the index of each commit in ``commits``."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for i, commit in enumerate(commits):
         layers = (commit.get("stats") or {}).get("layers") or {}
         lr = (commit.get("metrics") or {}).get("charts/learning_rate")
         scale = 1.0 / lr if lr_normalise and isinstance(lr, float) and lr > 0 else 1.0
@@ -134,8 +162,14 @@ def movement_history(commits: list[dict[str, Any]], prefix: str = "model/",
                 continue
             if entry.get("status") in ("unchanged", "added") or entry.get("rel") is None:
                 continue  # frozen in this iteration, or no parent to compare with
-            out.setdefault(name[len(prefix):], []).append(float(entry["rel"]) * scale)
+            out.setdefault(name[len(prefix):], []).append((i, float(entry["rel"]) * scale))
     return out
+
+
+def drift(path: list[float], net: float) -> float | None:
+    """Net change over the sum of the steps' changes (None when nothing moved)."""
+    total = sum(path)
+    return net / total if total > 0 else None
 
 
 @dataclass
@@ -151,21 +185,26 @@ class DirtyLayerController(Hook):
     measures: list[tuple[int, dict[str, float | None]]] = field(default_factory=list)
     """(iteration, measure per layer) for every decision that had one"""
     _commit_data: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _offset: int | None = field(default=None, repr=False)
+    """iterations the trainer had done before this run (a fork continues the snapshot's
+    counter): warm-up and refresh count this run's iterations, i.e. from the branch point"""
 
     def on_iteration_end(self, trainer: Trainer, iteration: int,
                          metrics: dict[str, float]) -> None:
         cfg = self.config
+        if self._offset is None:
+            self._offset = iteration - 1
         upcoming = iteration + 1
-        frozen = self.decide(trainer, upcoming)
+        frozen = self.decide(trainer, upcoming - self._offset)
         current = set(trainer.frozen_layers)
         trainer.unfreeze_layers(current - frozen)
         trainer.freeze_layers(frozen - current)
         self.history.append((upcoming, sorted(frozen)))
         metrics["dirty/frozen_layers"] = float(len(frozen))
-        metrics["dirty/refresh"] = float(upcoming % cfg.refresh == 0)
+        metrics["dirty/refresh"] = float((upcoming - self._offset) % cfg.refresh == 0)
 
     def decide(self, trainer: Trainer, upcoming: int) -> set[str]:
-        """The layers to freeze for iteration `upcoming`."""
+        """The layers to freeze for iteration `upcoming` of this run (1-based)."""
         cfg = self.config
         layers = trainer.layer_names()
         if cfg.sync:
@@ -177,6 +216,9 @@ class DirtyLayerController(Hook):
         if cfg.criterion == "plasticity":
             changes = self._plasticities(commits)
             limit = cfg.plasticity
+        elif cfg.criterion == "drift":
+            changes = self._drifts(commits)
+            limit = cfg.drift
         else:
             changes = self._window_changes(commits)
             limit = cfg.threshold
@@ -189,7 +231,7 @@ class DirtyLayerController(Hook):
             dirty.update(ranked[:cfg.min_active])
         frozen = set(layers) - dirty
         if cfg.prefix_only:
-            frozen = input_side_prefixes(layers, frozen)
+            frozen = input_side_prefixes(layers, frozen, cfg.max_depth)
         return frozen
 
     def _window_changes(self, commits: list[str]) -> dict[str, float | None]:
@@ -199,15 +241,41 @@ class DirtyLayerController(Hook):
         return {lc.layer[len(cfg.prefix):]: lc.rel for lc in diff.layers
                 if lc.layer.startswith(cfg.prefix)}
 
-    def _plasticities(self, commits: list[str]) -> dict[str, float | None]:
-        """Plasticity per layer from the commits' statistics (no tensor is read)."""
-        cfg = self.config
+    def _commit_stats(self, commits: list[str]) -> list[dict[str, Any]]:
         repo = self.store.repo
-        data = []
         for cid in commits:
             if cid not in self._commit_data:
                 commit = repo.read_commit(cid)
-                self._commit_data[cid] = {"stats": commit.stats, "metrics": commit.metrics}
-            data.append(self._commit_data[cid])
-        history = movement_history(data, cfg.prefix, cfg.lr_normalise)
+                self._commit_data[cid] = {"stats": commit.stats, "metrics": commit.metrics,
+                                          "parents": commit.parents}
+        return [self._commit_data[cid] for cid in commits]
+
+    def _plasticities(self, commits: list[str]) -> dict[str, float | None]:
+        """Plasticity per layer from the commits' statistics (no tensor is read)."""
+        cfg = self.config
+        history = movement_history(self._commit_stats(commits), cfg.prefix,
+                                   cfg.lr_normalise)
         return {name: plasticity(h, cfg.window, cfg.reference) for name, h in history.items()}
+
+    def _drifts(self, commits: list[str]) -> dict[str, float | None]:
+        """Drift per layer: the path from commit statistics, the net change from one
+        ``repo.diff`` per distinct starting snapshot (usually one)."""
+        cfg = self.config
+        data = self._commit_stats(commits)
+        nets: dict[int, dict[str, float | None]] = {}
+        out: dict[str, float | None] = {}
+        for name, moves in indexed_movement(data, cfg.prefix).items():
+            if len(moves) < cfg.window:
+                out[name] = None
+                continue
+            recent = moves[-cfg.window:]
+            start = recent[0][0] - 1  # the snapshot before the first of these steps
+            if start not in nets:
+                old = commits[start] if start >= 0 else (data[0]["parents"] or [None])[0]
+                diff = self.store.repo.diff(old, commits[-1]) if old else None
+                nets[start] = {} if diff is None else {
+                    lc.layer[len(cfg.prefix):]: lc.rel for lc in diff.layers
+                    if lc.layer.startswith(cfg.prefix)}
+            net = nets[start].get(name)
+            out[name] = None if net is None else drift([r for _, r in recent], net)
+        return out

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from trainer.config import GSPOConfig, PPOConfig
 from trainer.dirty_layers import (
     DirtyLayerConfig,
     DirtyLayerController,
+    drift,
     input_side_prefixes,
     movement_history,
     plasticity,
@@ -161,7 +163,7 @@ class FakeStore:
         self.repo = SimpleNamespace(read_commit=self.read_commit, diff=self.no_diff)
 
     def read_commit(self, cid):
-        return SimpleNamespace(**self.data[cid])
+        return SimpleNamespace(parents=[], **self.data[cid])
 
     def no_diff(self, *a, **k):
         raise AssertionError("the plasticity criterion must not diff tensors")
@@ -218,8 +220,111 @@ def test_plasticity_needs_enough_history_and_prefix_only_keeps_input_side_runs()
     assert decide(history, layers, prefix_only=True)[0] == {"critic.0"}
 
 
+# -------------------------------------------------------------- drift criterion
+def walk(steps: dict[str, list], start_norm: float = 10.0, unchanged: dict | None = None):
+    """Synthetic snapshots: per layer a position in R^1000 moved by the given steps (None:
+    frozen in that commit). Returns commits (statistics as the store writes them) and a
+    ``diff(a, b)`` that measures the net change between two of them from the positions."""
+    gen = np.random.default_rng(0)
+    pos = {n: [gen.standard_normal(1000) * start_norm / np.sqrt(1000)] for n in steps}
+    commits = []
+    for i in range(len(next(iter(steps.values())))):
+        rels, frozen = {}, []
+        for name, seq in steps.items():
+            x = pos[name][-1]
+            if seq[i] is None:
+                frozen.append(name)
+                pos[name].append(x)
+            else:
+                pos[name].append(x + seq[i])
+                rels[name] = float(np.linalg.norm(seq[i]) / np.linalg.norm(x))
+        commits.append(commit(rels, unchanged=frozen))
+
+    def diff(a: str, b: str) -> SimpleNamespace:
+        i, j = int(a[1:]) + 1, int(b[1:]) + 1  # pos[n][k + 1] is the position after c<k>
+        return SimpleNamespace(layers=[SimpleNamespace(
+            layer=f"model/{n}", rel=float(np.linalg.norm(p[j] - p[i]) / np.linalg.norm(p[i])))
+            for n, p in pos.items()])
+
+    return commits, diff
+
+
+def decide_drift(commits, diff, layers, **cfg):
+    store = FakeStore(commits)
+    store.repo.diff = diff
+    ctrl = DirtyLayerController(store, DirtyLayerConfig(
+        criterion="drift", window=4, warmup=0, refresh=1000, **{"drift": 0.7, **cfg}))
+    trainer = SimpleNamespace(layer_names=lambda: layers)
+    return ctrl.decide(trainer, len(commits) + 1), ctrl
+
+
+def test_drift_freezes_a_jittering_layer_and_keeps_one_that_still_travels():
+    gen = np.random.default_rng(1)
+    direction = gen.standard_normal(1000) / np.sqrt(1000)
+    n = 8
+    # "travel" moves the same way every iteration (with some noise), "jitter" moves as
+    # far per iteration but in random directions (noise around the point it reached);
+    # an annealed learning rate scales the travelling steps down without changing drift
+    lr = [1 - k / n for k in range(n)]
+    steps = {"travel": [0.05 * lr[k] * (direction + 0.3 * gen.standard_normal(1000)
+                                        / np.sqrt(1000)) for k in range(n)],
+             "jitter": [0.05 * gen.standard_normal(1000) / np.sqrt(1000) for _ in range(n)]}
+    commits, diff = walk(steps)
+    frozen, ctrl = decide_drift(commits, diff, ["travel", "jitter"])
+    assert frozen == {"jitter"}
+    assert ctrl.last_changes["travel"] > 0.9
+    assert ctrl.last_changes["jitter"] == pytest.approx(0.5, abs=0.1)  # 1/sqrt(4)
+    assert drift([0.1, 0.1], 0.2) == pytest.approx(1.0) and drift([0.0], 0.0) is None
+
+
+def test_drift_measures_the_last_training_iterations_skipping_frozen_ones():
+    gen = np.random.default_rng(2)
+    jitter = [0.05 * gen.standard_normal(1000) / np.sqrt(1000) for _ in range(6)]
+    travel = [0.05 * np.ones(1000) / np.sqrt(1000)] * 9
+    # jitter was frozen for the last three commits: its drift is still that of its last
+    # four training iterations (so it stays frozen until a refresh), not "no movement"
+    commits, diff = walk({"jitter": jitter + [None] * 3, "travel": travel})
+    frozen, ctrl = decide_drift(commits, diff, ["jitter", "travel"])
+    assert frozen == {"jitter"} and ctrl.last_changes["jitter"] < 0.7
+    # too little history: no measure, the layer trains
+    commits, diff = walk({"jitter": jitter[:3], "travel": travel[:3]})
+    assert decide_drift(commits, diff, ["jitter", "travel"])[0] == set()
+
+
+def test_max_depth_freezes_front_to_back_at_most_that_many_layers_per_network():
+    layers = ["critic.0", "critic.2", "critic.4", "actor.0", "actor.2", "actor.4"]
+    every = set(layers) - {"actor.4"}
+    assert input_side_prefixes(layers, every, 1) == {"critic.0", "actor.0"}
+    assert input_side_prefixes(layers, every, 2) == every - {"critic.4"}
+    assert input_side_prefixes(layers, {"actor.2"}, 1) == set()  # not input-side
+    slowed = {n: 0.01 for n in layers} | {"actor.4": 1.0}  # all but the actor's head
+    history = [commit({n: 1.0 for n in layers})] * 3 + [commit(slowed)] * 2
+    assert decide(history, layers, prefix_only=True)[0] == every
+    assert decide(history, layers, prefix_only=True, max_depth=1)[0] == {"critic.0", "actor.0"}
+    with pytest.raises(ValueError, match="max_depth"):
+        DirtyLayerConfig(max_depth=0)
+
+
+def test_drift_controller_runs_with_a_real_store(repo):
+    hook = StoreHook(repo, branch="run")
+    cfg = DirtyLayerConfig(criterion="drift", window=2, warmup=1, drift=1e9,
+                           prefix_only=True, sync=True)
+    ctrl = DirtyLayerController(hook, cfg)
+    trainer = make_trainer(iterations=6, hooks=[hook, ctrl])
+    trainer.train()
+    hook.close()
+    layers = trainer.layer_names()
+    decided = [set(f) for _, f in ctrl.history]
+    assert any("critic.0" in f for f in decided), ctrl.history
+    assert all(f == input_side_prefixes(layers, f) and len(f) < len(layers)
+               for f in decided), ctrl.history
+    # net change over path length: at most 1 (up to the norms' drift) for every layer
+    measured = [v for _, m in ctrl.measures for v in m.values() if v is not None]
+    assert measured and all(0 < v <= 1.05 for v in measured), ctrl.measures
+
+
 def test_unknown_criterion_is_rejected():
-    with pytest.raises(ValueError, match="criterion 'x'.*threshold, plasticity"):
+    with pytest.raises(ValueError, match="criterion 'x'.*threshold, plasticity, drift"):
         DirtyLayerConfig(criterion="x")
 
 
@@ -268,3 +373,48 @@ def test_vrl_train_dirty_criterion_plasticity_prefix_only(ws, capsys):
     layers = ["actor.0", "actor.2", "critic.0", "critic.2"]
     assert all(f == input_side_prefixes(layers, f) for f in frozen), frozen
     assert main(["train", *small, "--dirty-layers", "--dirty-criterion", "x"]) != 0
+
+
+def test_warmup_and_refresh_count_from_the_branch_point_not_the_snapshot_counter(repo):
+    # a fork (`vrl train --from REV --branch NEW`) continues the snapshot's iteration
+    # counter; the warm-up after branching must still hold, and refreshes follow the run
+    hook = StoreHook(repo, branch="run")
+    cfg = DirtyLayerConfig(criterion="threshold", threshold=1e9, window=1, warmup=3,
+                           refresh=5, sync=True)
+    ctrl = DirtyLayerController(hook, cfg)
+    trainer = make_trainer(iterations=1010, hooks=[hook, ctrl])
+    trainer.iteration = 1001  # as if resumed from a snapshot taken at iteration 1001
+    trainer.train(iterations=7)
+    hook.close()
+    frozen = [len(f) for _, f in ctrl.history]  # decisions for this run's iterations 2..8
+    n = len(trainer.layer_names())
+    assert [it for it, _ in ctrl.history] == list(range(1003, 1010))
+    # 2, 3: warm-up; 4: all but the most-moving layer frozen; 5: refresh; 6-8 frozen
+    assert frozen == [0, 0, n - 1, 0, n - 1, n - 1, n - 1], ctrl.history
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["dirty_layers", "dirty_layers_large"])
+def test_dvc_stage_command_is_consistent_with_params_and_runs(stage, tmp_path):
+    # `dvc repro <stage>` runs this command with params.yaml substituted: every ${...}
+    # must resolve and the bench must accept every option (a --quick smoke budget here)
+    import re
+    import shlex
+
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    cmd = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["cmd"]
+
+    def value(match: re.Match) -> str:
+        section, key = match.group(1).split(".")
+        return str(params[section][key])
+
+    argv = shlex.split(re.sub(r"\$\{([\w.]+)\}", value, cmd))
+    assert argv[:2] == ["python", "bench/dirty_layers_bench.py"] and "${" not in " ".join(argv)
+    out = tmp_path / "stage"
+    argv[argv.index("--out") + 1] = str(out)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, *argv[1:], "--quick"], check=True, env=env, cwd=ROOT,
+                   timeout=600, capture_output=True)
+    assert "| full |" in out.with_suffix(".md").read_text()

@@ -27,8 +27,8 @@ HELP = {"help_option_names": ["-h", "--help"]}
 # options that a snapshot does not store, so a resume command must repeat them
 RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
                "best_metric", "dirty_layers", "dirty_threshold", "dirty_window",
-               "dirty_refresh", "dirty_criterion", "dirty_prefix_only", "progress",
-               "log_every")
+               "dirty_refresh", "dirty_criterion", "dirty_drift", "dirty_warmup",
+               "dirty_prefix_only", "dirty_max_depth", "progress", "log_every")
 
 
 class Terminated(Exception):
@@ -192,12 +192,19 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 @click.option("--dirty-threshold", type=float, default=0.02, show_default=True)
 @click.option("--dirty-window", type=int, default=3, show_default=True)
 @click.option("--dirty-refresh", type=int, default=10, show_default=True)
-@click.option("--dirty-criterion", type=click.Choice(["threshold", "plasticity"]),
+@click.option("--dirty-criterion", type=click.Choice(["threshold", "plasticity", "drift"]),
               default="threshold", show_default=True,
               help="threshold: one global relative change; plasticity: a layer's recent "
-              "movement over its own earlier movement (from commit statistics)")
+              "movement over its own earlier movement; drift: net change over path length "
+              "in the window (still travelling or only jittering); all from commit statistics")
+@click.option("--dirty-drift", type=float, default=0.6, show_default=True,
+              help="drift criterion: freeze a layer whose drift is below this")
+@click.option("--dirty-warmup", type=int, default=5, show_default=True,
+              help="iterations of this run (or fork) before any layer is frozen")
 @click.option("--dirty-prefix-only/--no-dirty-prefix-only", default=False, show_default=True,
               help="freeze only input-side layers (the backward pass stops before them)")
+@click.option("--dirty-max-depth", type=int, default=None,
+              help="with --dirty-prefix-only: freeze at most N layers of each network")
 @click.pass_context
 def train(ctx: click.Context, **options: Any) -> None:
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains.
@@ -218,7 +225,7 @@ def train(ctx: click.Context, **options: Any) -> None:
 def _check_run_options(o: dict[str, Any]) -> None:
     for name, low in (("iterations", 1), ("snapshot_every", 1), ("keep_last", 1),
                       ("threads", 1), ("log_every", 0), ("dirty_window", 1),
-                      ("dirty_refresh", 1)):
+                      ("dirty_refresh", 1), ("dirty_warmup", 0), ("dirty_max_depth", 1)):
         if o[name] is not None and o[name] < low:
             flag = "--" + name.replace("_", "-")
             raise click.ClickException(f"{flag} must be at least {low}, got {o[name]}")
@@ -456,7 +463,8 @@ def _store_hooks(trainer, repo, run, o):
         hooks.append(DirtyLayerController(hook, DirtyLayerConfig(
             threshold=o["dirty_threshold"], window=o["dirty_window"],
             refresh=o["dirty_refresh"], criterion=o["dirty_criterion"],
-            prefix_only=o["dirty_prefix_only"])))
+            drift=o["dirty_drift"], warmup=o["dirty_warmup"],
+            prefix_only=o["dirty_prefix_only"], max_depth=o["dirty_max_depth"])))
     trainer.hooks[:0] = hooks
     if continuing:
         note = f" (continuing at iteration {trainer.iteration}, step {trainer.global_step})"

@@ -375,6 +375,29 @@ def test_vrl_train_dirty_criterion_plasticity_prefix_only(ws, capsys):
     assert main(["train", *small, "--dirty-layers", "--dirty-criterion", "x"]) != 0
 
 
+def test_vrl_train_dirty_drift_max_depth_and_warmup_flags(ws, capsys):
+    """--dirty-criterion drift with a bound above any drift (<= 1) freezes whatever it may:
+    after --dirty-warmup iterations, and with --dirty-max-depth 1 only each network's
+    input layer."""
+    from vrl import Repo
+    from vrl.cli import main
+
+    assert main(["init"]) == 0
+    small = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16,16]",
+             "--set", "num_minibatches=2", "--set", "update_epochs=1", "--set",
+             "env.num_agents=4", "--set", "env.max_steps=8", "--no-progress"]
+    code = main(["train", *small, "--steps", str(10 * 2 * 16 * 4), "--branch", "d",
+                 "--dirty-layers", "--dirty-criterion", "drift", "--dirty-drift", "1.01",
+                 "--dirty-prefix-only", "--dirty-max-depth", "1", "--dirty-warmup", "3",
+                 "--dirty-window", "2", "--dirty-refresh", "100"])
+    assert code == 0, capsys.readouterr().err
+    frozen = [set(e.commit.meta["frozen_layers"]) for e in Repo(ws).log("d")][::-1]
+    assert not any(frozen[:3]), frozen  # the warm-up
+    assert set().union(*frozen) == {"actor.0", "critic.0"}, frozen
+    assert main(["train", *small, "--dirty-layers", "--dirty-max-depth", "0"]) != 0
+    assert "--dirty-max-depth must be at least 1" in capsys.readouterr().err
+
+
 def test_warmup_and_refresh_count_from_the_branch_point_not_the_snapshot_counter(repo):
     # a fork (`vrl train --from REV --branch NEW`) continues the snapshot's iteration
     # counter; the warm-up after branching must still hold, and refreshes follow the run

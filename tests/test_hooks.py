@@ -261,28 +261,62 @@ def exact_state():
     return {"w": torch.nn.Parameter(torch.randn(256, 256)), "t": torch.randn(1000)}
 
 
+@pytest.mark.parametrize("settle", [False, True], ids=["queued", "settled"])
 @pytest.mark.parametrize("kind", MUTATIONS)
-def test_every_write_is_committed_by_the_snapshotter(repo, kind, committer):
+def test_every_write_is_committed_by_the_snapshotter(repo, kind, committer, settle):
+    """queued: snapshots follow each other before the committer answers, so a tensor is
+    checked against the held copy; settled: each commit has landed, so against the
+    digest the committer sent back."""
     import random
 
     state = exact_state()
     rng = random.Random(kind)
     expected = []
-    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
-        snap.step(0)
+
+    def step(snap, i):
+        snap.step(i)
         expected.append({k: v.detach().clone() for k, v in state.items()})
+        if settle:
+            snap.flush()
+
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        step(snap, 0)
         for i in range(1, 4):
             second = mutate(kind, state, rng)
             if second is not None:  # a change the first write set up: snapshot between
-                snap.step(i * 10)
-                expected.append({k: v.detach().clone() for k, v in state.items()})
+                step(snap, i * 10)
                 second()
-            snap.step(i)
-            expected.append({k: v.detach().clone() for k, v in state.items()})
+            step(snap, i)
     log = list(reversed(repo.log()))
     assert len(log) == len(expected)
     for entry, want in zip(log, expected, strict=True):
         assert_same(want, repo.load(entry.id))
+
+
+def test_landed_snapshots_are_checked_by_digest_and_their_copies_released(
+        repo, monkeypatch, committer):
+    import vrl.hooks
+
+    state = exact_state()
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        snap.step(0)
+        snap.flush()
+
+        def no_byte_compare(value, held):
+            raise AssertionError("byte-compared although the digest was back")
+
+        monkeypatch.setattr(vrl.hooks, "_same_bytes", no_byte_compare)
+        state["w"].data[3, 4] += 1.0  # unseen by the version counter
+        snap.step(1)
+        snap.flush()
+        snap.step(2)  # nothing changed
+        assert all(held.copy is None and held.digest is not None
+                   for held in snap._held.values())
+        assert not any(region.held for region in snap._free)
+    first, second, third = (repo.load(e.id) for e in reversed(repo.log()))
+    assert not torch.equal(first["w"], second["w"])
+    assert_same(second, third)
+    assert_same({k: v.detach() for k, v in state.items()}, third)
 
 
 @pytest.mark.parametrize("kind", MUTATIONS)

@@ -131,6 +131,10 @@ class Repo(Maintenance, WorkspaceMixin):
         # still reading every byte, so no write can be missed.
         self._known: OrderedDict[tuple[bytes, int], ObjectId] = OrderedDict()
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
+        # name -> xxh3-128 of the bytes of each tensor the last snapshot read (the
+        # Snapshotter's committer hands them back, so the next change check hashes the
+        # live tensor instead of byte-comparing it with a held copy)
+        self.digests: dict[str, bytes] = {}
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
         # second argument maps ids to the (kind, payload size) a manifest promised, so the
@@ -463,6 +467,7 @@ class Repo(Maintenance, WorkspaceMixin):
         caller knows is stored (the Snapshotter's committer, for unchanged tensors)."""
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
+        self.digests = {}
         for name, value in tensors.items():
             if name in ties:
                 target = entries[ties[name]]
@@ -485,6 +490,7 @@ class Repo(Maintenance, WorkspaceMixin):
 
                 buf, dtype, shape, _keep = tensor_bytes(value)
             key = self._cache_key(buf)
+            self.digests[name] = key[0]
             oid = self._known.get(key)
             if oid is None or (write and not self.objects.touch(oid)):
                 oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))

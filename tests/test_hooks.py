@@ -319,6 +319,31 @@ def test_landed_snapshots_are_checked_by_digest_and_their_copies_released(
     assert_same({k: v.detach() for k, v in state.items()}, third)
 
 
+def test_a_landed_snapshots_region_is_reused_by_the_next(repo, monkeypatch, committer):
+    """When every tensor changes and each commit lands before the next snapshot, one
+    shared-memory region serves them all (no fresh memory to populate in the loop)."""
+    import vrl.hooks
+
+    made = []
+
+    class Counted(vrl.hooks._Region):
+        def __init__(self, size, shared):
+            made.append(size)
+            super().__init__(size, shared)
+
+    monkeypatch.setattr(vrl.hooks, "_Region", Counted)
+    state = exact_state()
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        for i in range(4):
+            with torch.no_grad():
+                for t in state.values():
+                    t.add_(1.0)
+            snap.step(i)
+            snap.flush()
+    assert len(made) == 1
+    assert_same({k: v.detach() for k, v in state.items()}, repo.load("HEAD"))
+
+
 @pytest.mark.parametrize("kind", MUTATIONS)
 def test_every_write_is_committed_by_a_bare_commit(repo, kind):
     import random

@@ -347,8 +347,11 @@ class Snapshotter:
         import numpy as np
         import torch
 
-        touched: set[_Region] = set()  # recycled at the end, when their fate is known
+        touched: set[_Region] = set()
         self._take_digests(touched)
+        for old in touched:  # a region whose copies all gave way to digests is free now
+            self._recycle(old)
+        touched = set()  # recycled at the end, when their fate is known
         specs: dict[str, Any] = {}
         todo: list[tuple[str, Any, tuple, int | None, str, int]] = []
         for name, value in tensors.items():

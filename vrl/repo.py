@@ -135,6 +135,10 @@ class Repo(Maintenance, WorkspaceMixin):
         # Snapshotter's committer hands them back, so the next change check hashes the
         # live tensor instead of byte-comparing it with a held copy)
         self.digests: dict[str, bytes] = {}
+        # id -> the bytes a commit in progress just hashed: its layer statistics read the
+        # new tensors from memory (their files may still be in flight) instead of mapping
+        # them back from the store
+        self._fresh: dict[ObjectId, memoryview] = {}
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
         # second argument maps ids to the (kind, payload size) a manifest promised, so the
@@ -244,6 +248,9 @@ class Repo(Maintenance, WorkspaceMixin):
             consistent = False
         if not consistent:
             entry.check()
+        fresh = self._fresh.get(entry.id)
+        if fresh is not None and fresh.nbytes == entry.nbytes:
+            return fresh, 0
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)
@@ -498,6 +505,8 @@ class Repo(Maintenance, WorkspaceMixin):
                     self.objects.write("tensor", buf, oid)
                     new_ids.add(oid)
             if write:
+                if buf.nbytes >= MMAP_MIN:
+                    self._fresh[oid] = buf
                 self._known[key] = oid
                 self._known.move_to_end(key)
                 while len(self._known) > KNOWN_MAX:
@@ -547,12 +556,28 @@ class Repo(Maintenance, WorkspaceMixin):
         # before the pack that names them is written (a power cut never leaves a commit
         # whose snapshot is missing). A small-policy commit is one file and one fsync.
         with contextlib.ExitStack() as batch:
+            batch.callback(self._fresh.clear)
             batch.enter_context(self.objects.batch())
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
+
+            def layer_stats(parent: ObjectId | None) -> dict[str, Any]:
+                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                    if parent else None
+                stats = compare(parent_manifest, manifest, self.read_tensor,
+                                known_objects=lambda oid: oid not in new_ids,
+                                threshold=threshold).to_json()
+                stats["parent"] = parent
+                return stats
+
+            # the statistics against the expected parent are computed from memory while
+            # the big tensors' writes and fsyncs are still in flight
+            expected = self.refs.read(ref)
+            early = layer_stats(expected)
             env_info = env if isinstance(env, dict) else \
                 (envinfo.capture(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
+            self._fresh.clear()
             attempt = 0
             while True:
                 parent = self.refs.read(ref)
@@ -560,12 +585,7 @@ class Repo(Maintenance, WorkspaceMixin):
                     raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                          f"({parent[:12]}); use --allow-empty to commit "
                                          "anyway")
-                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                    if parent else None
-                stats = compare(parent_manifest, manifest, self.read_tensor,
-                                known_objects=lambda oid: oid not in new_ids,
-                                threshold=threshold).to_json()
-                stats["parent"] = parent
+                stats = early if parent == expected else layer_stats(parent)
                 commit = Commit(manifest=mid, parents=(parent,) if parent else (),
                                 message=message, author=author or self.author,
                                 time=time or utc_now(), hparams=hparams or {},

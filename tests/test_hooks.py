@@ -650,3 +650,25 @@ def test_committer_process_does_not_import_torch_for_a_small_policy(repo, tmp_pa
             snap.step(i, metrics={"r": float(i)})
     assert [e.commit.step for e in repo.log()] == [2, 1, 0]
     assert repo.diff("HEAD").material
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_every_committer_thread_yields_to_training(repo):
+    """Every thread of the committer process (receiver, committer, writers) runs niced and
+    in the batch scheduling class, which never preempts the trainer on wake-up."""
+    from vrl.committer import NICENESS
+
+    state = {"w": torch.zeros(1 << 19)}  # 2 MiB: written by the store's writer threads
+    with Snapshotter(repo, state_fn=lambda: state, committer="process") as snap:
+        for i in range(2):
+            state["w"].add_(1)
+            snap.step(i)
+            snap.flush()
+        pid = snap._proc.pid
+        threads = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            threads.append((int(fields[16]), int(fields[38])))  # nice, policy
+    assert len(threads) >= 3
+    assert all(nice >= NICENESS and policy == os.SCHED_BATCH for nice, policy in threads)

@@ -293,11 +293,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Training comes first: on a machine without idle cores the committer yields to it
-    # (backpressure stops the trainer if the committer falls too far behind).
+    # (backpressure stops the trainer if the committer falls too far behind). Set before
+    # any thread starts, so every thread inherits it. SCHED_BATCH: a committer thread that
+    # wakes up (a job arrived, an fsync returned) never preempts the running trainer.
+    # Not SCHED_IDLE: beside other busy processes it would starve, and the trainer with it.
     try:
         os.nice(NICENESS)
     except OSError:
         pass
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+    # one core at most for hashing: blake3's thread pool would take the trainer's core
+    from vrl import objects
+
+    objects.PARALLEL_HASHING = False
     sock = socket.socket(fileno=int(args[0]))
     try:
         return _serve(sock)

@@ -7,14 +7,17 @@ Two policies on the warehouse (20 AGVs): the default warehouse policy and a ~100
 and "every iteration" and the median wall time of each is compared (goal: <= 3.5%
 overhead, CheckFreq's published bound). Also reported: the training time lost per
 snapshot (ms), the time the loop spends inside the snapshot call itself (the hand-over:
-copying changed tensors, plus any backpressure wait) and the final flush. Writes
-bench/out/snapshot_overhead.json.
+copying changed tensors, plus any backpressure wait) and the final flush, and two CPU-time
+counts that load on the machine barely moves: the training thread's CPU time per snapshot
+beyond a run without snapshots, and the committer process's CPU time (user + sys, its
+start-up included) per snapshot. Writes bench/out/snapshot_overhead.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import tempfile
@@ -59,7 +62,9 @@ class TimedStoreHook(StoreHook):
 
 def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
              epochs: int, iterations: int, repo_dir: Path | None,
-             committer: str | None = None) -> tuple[float, int, TimedStoreHook | None]:
+             committer: str | None = None
+             ) -> tuple[float, int, TimedStoreHook | None, float, float]:
+    """(wall s, parameters, hook, training thread CPU s, committer process CPU s)."""
     cfg = PPOConfig(num_envs=num_envs, num_steps=num_steps, hidden_sizes=hidden,
                     num_minibatches=minibatches, update_epochs=epochs,
                     total_steps=num_envs * 20 * num_steps * iterations)
@@ -73,9 +78,13 @@ def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
                               **options)
     trainer = Trainer(env, cfg, hooks=[hook] if hook else [])
     params = sum(p.numel() for p in trainer.agent.parameters())
-    start = time.perf_counter()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start, cpu = time.perf_counter(), time.thread_time()
     trainer.train()  # on_end flushes every pending snapshot: the cost is all included
-    return time.perf_counter() - start, params, hook
+    wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the committer, reaped at close
+    child = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    return wall, params, hook, cpu, child
 
 
 def main() -> None:
@@ -97,14 +106,19 @@ def main() -> None:
             if args.only not in name:
                 continue
             off, on, handover, flush = [], [], [], []
+            cpu_off, cpu_on, committer_cpu = [], [], []
             run_once(hidden, envs, steps, mbs, epochs, 1, None)  # warm up
             for _ in range(args.runs):
-                t, params, _ = run_once(hidden, envs, steps, mbs, epochs, args.iterations,
-                                        None)
+                t, params, _, cpu, _ = run_once(hidden, envs, steps, mbs, epochs,
+                                                args.iterations, None)
                 off.append(t)
-                t, _, hook = run_once(hidden, envs, steps, mbs, epochs, args.iterations,
-                                      work / "repo", args.committer)
+                cpu_off.append(cpu)
+                t, _, hook, cpu, child = run_once(hidden, envs, steps, mbs, epochs,
+                                                  args.iterations, work / "repo",
+                                                  args.committer)
                 on.append(t)
+                cpu_on.append(cpu)
+                committer_cpu.append(child)
                 handover += hook.handover
                 flush.append(hook.final_flush)
             repo = Repo(work / "repo")
@@ -119,6 +133,11 @@ def main() -> None:
                 "lost_ms_per_snapshot": 1e3 * lost / snapshots,
                 "handover_ms_median": 1e3 * statistics.median(handover),
                 "final_flush_s_median": statistics.median(flush),
+                "loop_cpu_off_s": cpu_off, "loop_cpu_on_s": cpu_on,
+                "loop_cpu_lost_ms_per_snapshot":
+                    1e3 * (statistics.median(cpu_on) - statistics.median(cpu_off)) / snapshots,
+                "committer_cpu_ms_per_snapshot":
+                    1e3 * statistics.median(committer_cpu) / snapshots,
                 "store_mb": size / 1e6, "commits": snapshots,
                 "committer": args.committer or "default", "label": args.label,
             }
@@ -126,20 +145,25 @@ def main() -> None:
             print(f"{name}: {r['overhead_pct']:+.1f}% ({statistics.median(off):.2f}s -> "
                   f"{statistics.median(on):.2f}s), {r['lost_ms_per_snapshot']:.1f} ms lost "
                   f"per snapshot, hand-over {r['handover_ms_median']:.1f} ms, final flush "
-                  f"{r['final_flush_s_median']:.2f} s", flush=True)
+                  f"{r['final_flush_s_median']:.2f} s; CPU per snapshot: training thread "
+                  f"+{r['loop_cpu_lost_ms_per_snapshot']:.1f} ms, committer "
+                  f"{r['committer_cpu_ms_per_snapshot']:.0f} ms", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "snapshot_overhead.json").write_text(json.dumps(results, indent=1))
     lines = ["| policy | parameters | iterations | no snapshots | snapshot every iteration "
-             "| overhead | lost per snapshot | hand-over | goal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| overhead | lost per snapshot | hand-over | training CPU / committer CPU per "
+             "snapshot | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['params'] / 1e6:.2f} M ({r['model_mb']:.0f} MB) | "
                      f"{r['iterations']} | {statistics.median(r['off_s']):.2f} s | "
                      f"{statistics.median(r['every_iteration_s']):.2f} s | "
                      f"{r['overhead_pct']:+.1f}% | {r['lost_ms_per_snapshot']:.1f} ms | "
-                     f"{r['handover_ms_median']:.1f} ms | <= 3.5% |")
+                     f"{r['handover_ms_median']:.1f} ms | "
+                     f"+{r['loop_cpu_lost_ms_per_snapshot']:.0f} ms / "
+                     f"{r['committer_cpu_ms_per_snapshot']:.0f} ms | <= 3.5% |")
     (OUT / "snapshot_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

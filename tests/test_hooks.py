@@ -261,28 +261,87 @@ def exact_state():
     return {"w": torch.nn.Parameter(torch.randn(256, 256)), "t": torch.randn(1000)}
 
 
+@pytest.mark.parametrize("settle", [False, True], ids=["queued", "settled"])
 @pytest.mark.parametrize("kind", MUTATIONS)
-def test_every_write_is_committed_by_the_snapshotter(repo, kind, committer):
+def test_every_write_is_committed_by_the_snapshotter(repo, kind, committer, settle):
+    """queued: snapshots follow each other before the committer answers, so a tensor is
+    checked against the held copy; settled: each commit has landed, so against the
+    digest the committer sent back."""
     import random
 
     state = exact_state()
     rng = random.Random(kind)
     expected = []
-    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
-        snap.step(0)
+
+    def step(snap, i):
+        snap.step(i)
         expected.append({k: v.detach().clone() for k, v in state.items()})
+        if settle:
+            snap.flush()
+
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        step(snap, 0)
         for i in range(1, 4):
             second = mutate(kind, state, rng)
             if second is not None:  # a change the first write set up: snapshot between
-                snap.step(i * 10)
-                expected.append({k: v.detach().clone() for k, v in state.items()})
+                step(snap, i * 10)
                 second()
-            snap.step(i)
-            expected.append({k: v.detach().clone() for k, v in state.items()})
+            step(snap, i)
     log = list(reversed(repo.log()))
     assert len(log) == len(expected)
     for entry, want in zip(log, expected, strict=True):
         assert_same(want, repo.load(entry.id))
+
+
+def test_landed_snapshots_are_checked_by_digest_and_their_copies_released(
+        repo, monkeypatch, committer):
+    import vrl.hooks
+
+    state = exact_state()
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        snap.step(0)
+        snap.flush()
+
+        def no_byte_compare(value, held):
+            raise AssertionError("byte-compared although the digest was back")
+
+        monkeypatch.setattr(vrl.hooks, "_same_bytes", no_byte_compare)
+        state["w"].data[3, 4] += 1.0  # unseen by the version counter
+        snap.step(1)
+        snap.flush()
+        snap.step(2)  # nothing changed
+        assert all(held.copy is None and held.digest is not None
+                   for held in snap._held.values())
+        assert not any(region.held for region in snap._free)
+    first, second, third = (repo.load(e.id) for e in reversed(repo.log()))
+    assert not torch.equal(first["w"], second["w"])
+    assert_same(second, third)
+    assert_same({k: v.detach() for k, v in state.items()}, third)
+
+
+def test_a_landed_snapshots_region_is_reused_by_the_next(repo, monkeypatch, committer):
+    """When every tensor changes and each commit lands before the next snapshot, one
+    shared-memory region serves them all (no fresh memory to populate in the loop)."""
+    import vrl.hooks
+
+    made = []
+
+    class Counted(vrl.hooks._Region):
+        def __init__(self, size, shared):
+            made.append(size)
+            super().__init__(size, shared)
+
+    monkeypatch.setattr(vrl.hooks, "_Region", Counted)
+    state = exact_state()
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        for i in range(4):
+            with torch.no_grad():
+                for t in state.values():
+                    t.add_(1.0)
+            snap.step(i)
+            snap.flush()
+    assert len(made) == 1
+    assert_same({k: v.detach() for k, v in state.items()}, repo.load("HEAD"))
 
 
 @pytest.mark.parametrize("kind", MUTATIONS)
@@ -591,3 +650,25 @@ def test_committer_process_does_not_import_torch_for_a_small_policy(repo, tmp_pa
             snap.step(i, metrics={"r": float(i)})
     assert [e.commit.step for e in repo.log()] == [2, 1, 0]
     assert repo.diff("HEAD").material
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_every_committer_thread_yields_to_training(repo):
+    """Every thread of the committer process (receiver, committer, writers) runs niced and
+    in the batch scheduling class, which never preempts the trainer on wake-up."""
+    from vrl.committer import NICENESS
+
+    state = {"w": torch.zeros(1 << 19)}  # 2 MiB: written by the store's writer threads
+    with Snapshotter(repo, state_fn=lambda: state, committer="process") as snap:
+        for i in range(2):
+            state["w"].add_(1)
+            snap.step(i)
+            snap.flush()
+        pid = snap._proc.pid
+        threads = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            threads.append((int(fields[16]), int(fields[38])))  # nice, policy
+    assert len(threads) >= 3
+    assert all(nice >= NICENESS and policy == os.SCHED_BATCH for nice, policy in threads)

@@ -5,10 +5,11 @@ The training process copies the tensors that changed into a shared-memory region
 and sends a small JSON job plus the region's file descriptor over a Unix socket to a
 committer process started with `python -m vrl.committer` (never `multiprocessing`, which
 would re-run a user's unguarded training script; nothing is pickled). The committer
-acknowledges each job with its commit id or an error. It receives jobs on a thread of its
-own, so the training process never waits on a busy committer to accept a job, and when the
-training process dies (even by SIGKILL) it still commits every job it fully received, then
-exits at end of file.
+acknowledges each job with its commit id and the xxh3-128 digests of the tensors it
+received (the training process checks the next snapshot's tensors against them), or an
+error. It receives jobs on a thread of its own, so the training process never waits on a
+busy committer to accept a job, and when the training process dies (even by SIGKILL) it
+still commits every job it fully received, then exits at end of file.
 
 Wire format, both ways: an 8-byte big-endian length, then that many bytes of UTF-8 JSON; a
 job's region descriptor rides on the length header as SCM_RIGHTS ancillary data.
@@ -124,12 +125,16 @@ class CommitWorker:
         self.keep_last = keep_last
         self._prev: dict[str, Any] = {}
         self._failed = False
+        # name -> xxh3-128 (hex) of each tensor the last job sent in full: the Snapshotter
+        # checks the next state against these instead of byte-comparing held copies
+        self.digests: dict[str, str] = {}
 
     def run(self, job: dict[str, Any], buf: memoryview | None) -> str | None:
         """Commit one job; its id, or None when skipped after an earlier failure."""
         from vrl.repo import FlatState
         from vrl.safetensors_file import RawTensor
 
+        self.digests = {}
         if job.get("reset"):
             self._failed, self._prev = False, {}
         if self._failed:
@@ -152,6 +157,8 @@ class CommitWorker:
                           message=job["message"], hparams=job["hparams"],
                           metrics=job["metrics"], step=job["step"], env=self.env,
                           meta=job["meta"], allow_empty=True, ref=self.ref)
+        self.digests = {n: d.hex() for n, d in repo.digests.items()
+                        if isinstance(tensors.get(n), RawTensor)}
         del tensors
         manifest = repo.read_manifest(repo.read_commit(cid).manifest)
         self._prev = {n: e for n, e in manifest.tensors.items() if not e.tie}
@@ -254,7 +261,8 @@ def _serve(sock: socket.socket) -> int:
             finally:
                 if view is not None:
                     view.release()
-            ack.update({"commit": cid} if cid else {"skipped": True})
+            ack.update({"commit": cid, "digests": worker.digests} if cid
+                       else {"skipped": True})
         except Exception as exc:  # noqa: BLE001 - reported to the training process
             ack["error"] = str(exc) or type(exc).__name__
             ack["type"] = type(exc).__name__
@@ -285,11 +293,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Training comes first: on a machine without idle cores the committer yields to it
-    # (backpressure stops the trainer if the committer falls too far behind).
+    # (backpressure stops the trainer if the committer falls too far behind). Set before
+    # any thread starts, so every thread inherits it. SCHED_BATCH: a committer thread that
+    # wakes up (a job arrived, an fsync returned) never preempts the running trainer.
+    # Not SCHED_IDLE: beside other busy processes it would starve, and the trainer with it.
     try:
         os.nice(NICENESS)
     except OSError:
         pass
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+    # one core at most for hashing: blake3's thread pool would take the trainer's core
+    from vrl import objects
+
+    objects.PARALLEL_HASHING = False
     sock = socket.socket(fileno=int(args[0]))
     try:
         return _serve(sock)

@@ -10,11 +10,14 @@ The training thread pays only for handing over the tensors that changed since th
 snapshot: it copies them into one shared-memory region and sends a small JSON job to a
 committer process (`vrl.committer`), which hashes, computes layer statistics, writes and
 fsyncs objects, moves the branch and the best tag and applies retention, without competing
-with training for the GIL. Change detection is exact: a tensor whose autograd version
-counter moved is copied; one whose counter did not move (a write through `.data` does not
-move it) is byte-compared with the copy held from the last snapshot, and copied if any byte
-differs. `committer="thread"` commits on a thread of the training process instead (the
-default where the process mode is unavailable: no memfd / descriptor passing).
+with training for the GIL. Change detection reads every byte: a tensor whose autograd
+version counter moved is copied; one whose counter did not move (a write through `.data`
+does not move it) is hashed with xxh3-128 and compared with the digest the committer
+computed of the copy it received (half the memory traffic of a byte compare; the held copy
+is released once that digest is back), or byte-compared with the held copy while the digest
+is still on its way; it is copied if anything differs. `committer="thread"` commits on a
+thread of the training process instead (the default where the process mode is
+unavailable: no memfd / descriptor passing).
 
 At most `queue_size + 1` snapshots are in flight: when the committer falls behind, `step`
 blocks (backpressure). A background failure is raised in the training thread at the next
@@ -121,11 +124,14 @@ class _Region:
 
 @dataclass
 class _Held:
-    """The copy of a tensor taken at the last snapshot, with what identified it then."""
+    """What the Snapshotter keeps of a tensor's last snapshot: what identified it then and
+    the copy taken (until the committer hands back the copy's digest, then the digest)."""
     key: tuple
     version: int | None
-    copy: Any  # a flat uint8 tensor
-    region: _Region | None  # the region it views (None: private memory)
+    copy: Any  # a flat uint8 tensor, or None once the digest is known
+    region: _Region | None  # the region the copy views (None: private memory or no copy)
+    job: int  # the job that sent the copy (its acknowledgement carries the digest)
+    digest: bytes | None = None  # xxh3-128 of the copy
 
 
 def _copy_into(dst: Any, value: Any) -> None:
@@ -221,6 +227,7 @@ class Snapshotter:
         self._in_flight: dict[int, _Region | None] = {}
         self._finished: collections.deque[_Region] = collections.deque()
         self._early: set[int] = set()  # acknowledged before they were registered
+        self._digests: list[tuple[int, dict[str, str]]] = []  # (job, digests) acknowledged
         self._cv = threading.Condition()
         self._next_id = 0
         self._reset = False
@@ -311,8 +318,8 @@ class Snapshotter:
             text = json.dumps(job, separators=(",", ":"), default=_plain)
         except (TypeError, ValueError) as exc:
             raise VrlError(f"snapshot metadata is not JSON: {exc}") from exc
-        specs, region = self._copy_changed(tensors, ties)
         job_id = job["id"]
+        specs, region = self._copy_changed(tensors, ties, job_id)
         payload = (text[:-1] + ',"tensors":' + json.dumps(specs, separators=(",", ":"))
                    + "}").encode()
         self._next_id += 1
@@ -334,12 +341,17 @@ class Snapshotter:
             else:
                 self._in_flight[job_id] = region
 
-    def _copy_changed(self, tensors: dict[str, Any], ties: dict[str, str]
+    def _copy_changed(self, tensors: dict[str, Any], ties: dict[str, str], job_id: int
                       ) -> tuple[dict[str, Any], _Region | None]:
-        """Decide per tensor: the same bytes as the held copy, or copy it now."""
+        """Decide per tensor: the same bytes as the last snapshot's, or copy it now."""
         import numpy as np
         import torch
 
+        touched: set[_Region] = set()
+        self._take_digests(touched)
+        for old in touched:  # a region whose copies all gave way to digests is free now
+            self._recycle(old)
+        touched = set()  # recycled at the end, when their fate is known
         specs: dict[str, Any] = {}
         todo: list[tuple[str, Any, tuple, int | None, str, int]] = []
         for name, value in tensors.items():
@@ -360,15 +372,15 @@ class Snapshotter:
                 key = (value.__array_interface__["data"][0], value.shape, value.dtype.str)
                 version, nbytes, dtype = None, value.nbytes, f"numpy:{value.dtype.str}"
             held = self._held.get(name)
-            # exact: an unchanged version counter is confirmed byte by byte (writes through
-            # `.data` or in-place ops on a detached alias do not move it)
-            if held is not None and held.key == key and held.version == version and \
-                    _same_bytes(value, held.copy):
+            # an unchanged version counter is confirmed by reading every byte (writes
+            # through `.data` or in-place ops on a detached alias do not move it)
+            if held is not None and held.key == key and held.version == version and (
+                    _digest(value) == held.digest if held.digest is not None
+                    else _same_bytes(value, held.copy)):
                 specs[name] = {"same": True}
                 continue
             todo.append((name, value, key, version, dtype, nbytes))
         seen = set(tensors) - set(ties)
-        touched: set[_Region] = set()  # recycled at the end, when their fate is known
         for name in list(self._held):
             if name not in seen:
                 self._drop_held(name, touched)
@@ -386,7 +398,7 @@ class Snapshotter:
             _copy_into(dst, value if isinstance(value, torch.Tensor)
                        else value.reshape(-1).view(np.uint8))
             self._drop_held(name, touched)
-            self._held[name] = _Held(key, version, dst, region)
+            self._held[name] = _Held(key, version, dst, region, job_id)
             region.held += nbytes
             shape = list(value.shape)
             specs[name] = {"dtype": dtype, "shape": shape, "offset": offset, "nbytes": nbytes}
@@ -396,9 +408,27 @@ class Snapshotter:
 
     def _drop_held(self, name: str, touched: set[_Region]) -> None:
         old = self._held.pop(name, None)
-        if old is not None and old.region is not None:
-            old.region.held -= old.copy.numel()
-            touched.add(old.region)
+        if old is not None:
+            self._release_copy(old, touched)
+
+    @staticmethod
+    def _release_copy(held: _Held, touched: set[_Region]) -> None:
+        if held.region is not None:
+            held.region.held -= held.copy.numel()
+            touched.add(held.region)
+        held.copy, held.region = None, None
+
+    def _take_digests(self, touched: set[_Region]) -> None:
+        """Digests the committer sent back replace the held copies they describe (a copy
+        taken by a later job than the digest's stays: it holds newer bytes)."""
+        with self._cv:
+            acked, self._digests = self._digests, []
+        for job_id, digests in acked:
+            for name, digest in digests.items():
+                held = self._held.get(name)
+                if held is not None and held.job == job_id and held.digest is None:
+                    held.digest = bytes.fromhex(digest)
+                    self._release_copy(held, touched)
 
     # ------------------------------------------------------------------ regions
     def _alloc(self, size: int) -> _Region:
@@ -416,7 +446,7 @@ class Snapshotter:
             return
         if region.held and region.held * 2 < region.used:
             for held in self._held.values():
-                if held.region is region:
+                if held.region is region:  # (a digest-only entry has no region)
                     held.copy, held.region = held.copy.clone(), None
             region.held = 0
         if region.held == 0:
@@ -448,6 +478,8 @@ class Snapshotter:
         with self._cv:
             if ack.get("commit"):
                 self.commits.append(ack["commit"])
+                if ack.get("digests"):
+                    self._digests.append((ack["id"], ack["digests"]))
             if ack.get("error") and self._error is None:
                 self._error = VrlError(ack["error"])
             if ack["id"] in self._in_flight:
@@ -518,7 +550,8 @@ class Snapshotter:
             view = memoryview(region.mm) if region is not None else None
             try:
                 cid = self._worker.run(job, view)
-                ack.update({"commit": cid} if cid else {"skipped": True})
+                ack.update({"commit": cid, "digests": self._worker.digests} if cid
+                           else {"skipped": True})
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 ack["error"] = str(exc) or type(exc).__name__
             finally:
@@ -716,6 +749,19 @@ def _same_bytes(value: Any, held: Any) -> bool:
             live.device.type == held.device.type == "cpu":
         return memcmp(live.data_ptr(), held.data_ptr(), size) == 0
     return torch.equal(live, held)
+
+
+def _digest(value: Any) -> bytes:
+    """xxh3-128 of a live tensor's / array's bytes, as the committer hashes its copy."""
+    import torch
+    import xxhash
+
+    if isinstance(value, torch.Tensor):
+        live = _flat_bytes(value)
+        if not live.numel():
+            return xxhash.xxh3_128_digest(b"")
+        return xxhash.xxh3_128_digest(live.numpy())
+    return xxhash.xxh3_128_digest(value.reshape(-1).view("uint8"))
 
 
 _MEMCMP: list[Any] = []

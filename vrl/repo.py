@@ -133,6 +133,14 @@ class Repo(Maintenance, WorkspaceMixin):
         # still reading every byte, so no write can be missed.
         self._known: OrderedDict[tuple[bytes, int], ObjectId] = OrderedDict()
         self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
+        # name -> xxh3-128 of the bytes of each tensor the last snapshot read (the
+        # Snapshotter's committer hands them back, so the next change check hashes the
+        # live tensor instead of byte-comparing it with a held copy)
+        self.digests: dict[str, bytes] = {}
+        # id -> the bytes a commit in progress just hashed: its layer statistics read the
+        # new tensors from memory (their files may still be in flight) instead of mapping
+        # them back from the store
+        self._fresh: dict[ObjectId, memoryview] = {}
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
         # second argument maps ids to the (kind, payload size) a manifest promised, so the
@@ -258,6 +266,9 @@ class Repo(Maintenance, WorkspaceMixin):
         read into memory, or the object's file memory-mapped (copy-on-write, private).
         Below `mmap_min` bytes a packed payload is read too."""
         _check_entry(entry)
+        fresh = self._fresh.get(entry.id)
+        if fresh is not None and fresh.nbytes == entry.nbytes:
+            return fresh, 0
         if entry.nbytes < MMAP_MIN:
             payload = self._recent.get(entry.id)
             # the object must still exist (gc or pruning may have removed it meanwhile)
@@ -496,6 +507,7 @@ class Repo(Maintenance, WorkspaceMixin):
         caller knows is stored (the Snapshotter's committer, for unchanged tensors)."""
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
+        self.digests = {}
         for name, value in tensors.items():
             if name in ties:
                 target = entries[ties[name]]
@@ -518,12 +530,15 @@ class Repo(Maintenance, WorkspaceMixin):
 
                 buf, dtype, shape, _keep = tensor_bytes(value)
             key = self._cache_key(buf)
+            self.digests[name] = key[0]
             oid = self._known.get(key)
             if oid is None or (write and not self.objects.touch(oid)):
                 oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
                 if write and self.objects.put("tensor", buf, oid):
                     new_ids.add(oid)
             if write:
+                if buf.nbytes >= MMAP_MIN:
+                    self._fresh[oid] = buf
                 self._known[key] = oid
                 self._known.move_to_end(key)
                 while len(self._known) > KNOWN_MAX:
@@ -588,33 +603,51 @@ class Repo(Maintenance, WorkspaceMixin):
         # name before the ref's rename, and that rename before the commit is reported.
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
+            batch.callback(self._fresh.clear)
             batch.enter_context(self.objects.batch(defer=True))
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
+
+            def layer_stats(parent: ObjectId | None) -> dict[str, Any]:
+                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
+                    if parent else None
+                stats = compare(parent_manifest, manifest, self.read_tensor,
+                                known_objects=lambda oid: oid not in new_ids,
+                                threshold=threshold).to_json()
+                stats["parent"] = parent
+                return stats
+
+            # the statistics against the expected parent are computed from memory while
+            # the big tensors' writes and fsyncs are still in flight
+            expected = self.refs.read(ref)
+            early = layer_stats(expected)
             env_info = env if isinstance(env, dict) else \
                 (envinfo.capture(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
+            self._fresh.clear()  # their buffers were only lent for the statistics
 
             def objects_ready() -> list[str]:  # waits for step 2
                 unsynced.update(self.objects.take_unsynced_dirs())
                 return sorted(unsynced)
 
             try:
-                return self._commit_loop(ref, mid, manifest, new_ids, allow_empty, threshold,
-                                         batch, objects_ready, message=message,
-                                         author=author, time=time, hparams=hparams,
-                                         metrics=metrics, env_info=env_info, step=step,
-                                         meta=meta)
+                return self._commit_loop(ref, mid, manifest, allow_empty, layer_stats,
+                                         (expected, early), batch, objects_ready,
+                                         message=message, author=author, time=time,
+                                         hparams=hparams, metrics=metrics,
+                                         env_info=env_info, step=step, meta=meta)
             finally:
                 with contextlib.suppress(VrlError):  # a failure is reported by the loop
                     self.objects.flush()  # a pack still in flight when the loop gave up
 
-    def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest,
-                     new_ids: set[ObjectId], allow_empty: bool, threshold: float,
+    def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
+                     layer_stats: Callable[[ObjectId | None], dict[str, Any]],
+                     early: tuple[ObjectId | None, dict[str, Any]],
                      batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
                      **fields: Any) -> ObjectId:
         """Write the commit object and move the ref, re-parenting after a lost
-        compare-and-swap (see `commit`)."""
+        compare-and-swap (see `commit`). `early`: the statistics already computed against
+        the parent expected then; another parent gets `layer_stats(parent)`."""
         message = fields["message"]
         attempt = 0
         while True:
@@ -623,12 +656,7 @@ class Repo(Maintenance, WorkspaceMixin):
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                      f"({parent[:12]}); use --allow-empty to commit "
                                      "anyway")
-            parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                if parent else None
-            stats = compare(parent_manifest, manifest, self.read_tensor,
-                            known_objects=lambda oid: oid not in new_ids,
-                            threshold=threshold).to_json()
-            stats["parent"] = parent
+            stats = early[1] if parent == early[0] else layer_stats(parent)
             commit = Commit(manifest=mid, parents=(parent,) if parent else (),
                             message=message, author=fields["author"] or self.author,
                             time=fields["time"] or utc_now(),

@@ -1,0 +1,60 @@
+"""Layer statistics of a commit: computed from the bytes just hashed, while the big
+tensors' writes and fsyncs are in flight, and recomputed if the parent moved meanwhile."""
+
+import torch
+
+from vrl import Repo
+from vrl.diff import compare
+
+
+def state(seed: float) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"layer.weight": torch.randn(256, 256, generator=g) + seed,  # 256 kB: mapped
+            "layer.bias": torch.full((8,), seed)}
+
+
+def test_new_tensors_are_not_read_back_from_the_store(repo, monkeypatch):
+    repo.commit(state(0.0), env=False)
+    mapped = []
+    real = repo.objects.map_payload
+    monkeypatch.setattr(repo.objects, "map_payload",
+                        lambda oid, kind=None: (mapped.append(oid), real(oid, kind))[1])
+    cid = repo.commit(state(1.0), env=False)
+    new = repo.read_manifest(repo.read_commit(cid).manifest).tensors["layer.weight"].id
+    assert new not in mapped  # read from memory: its file may not be written yet
+    assert mapped  # the parent's weight is mapped from the store
+    stored = repo.read_commit(cid).stats
+    assert numbers(stored) == numbers(recomputed(repo.workdir, stored["parent"], cid))
+    assert stored["layers"]["layer"]["rel"] > 0
+
+
+def numbers(stats):
+    return {name: (layer["status"], layer["rel"], layer["max_abs"], layer["material"])
+            for name, layer in stats["layers"].items()}
+
+
+def recomputed(path, parent, cid):
+    """The statistics a fresh process computes from the store alone."""
+    fresh = Repo(path)
+    return compare(fresh.read_manifest(fresh.read_commit(parent).manifest),
+                   fresh.read_manifest(fresh.read_commit(cid).manifest), fresh.read_tensor,
+                   threshold=fresh.threshold).to_json()
+
+
+def test_statistics_follow_a_parent_that_moved_during_the_commit(repo, monkeypatch):
+    repo.commit(state(0.0), env=False)
+    other = Repo(repo.workdir)
+    real_sync = repo.objects.sync
+    moved = []
+
+    def sync_and_race() -> None:  # another process commits while our fsyncs run
+        if not moved:
+            moved.append(other.commit(state(5.0), env=False))
+        real_sync()
+
+    monkeypatch.setattr(repo.objects, "sync", sync_and_race)
+    cid = repo.commit(state(1.0), env=False)
+    commit = repo.read_commit(cid)
+    assert commit.parents == (moved[0],)
+    assert commit.stats["parent"] == moved[0]
+    assert numbers(commit.stats) == numbers(recomputed(repo.workdir, moved[0], cid))

@@ -9,16 +9,17 @@ from vrl.diff import compare
 
 def state(seed: float) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"layer.weight": torch.randn(256, 256, generator=g) + seed,  # 256 kB: mapped
+    return {"layer.weight": torch.randn(1024, 512, generator=g) + seed,  # 2 MiB: loose
             "layer.bias": torch.full((8,), seed)}
 
 
 def test_new_tensors_are_not_read_back_from_the_store(repo, monkeypatch):
     repo.commit(state(0.0), env=False)
-    mapped = []
-    real = repo.objects.map_payload
-    monkeypatch.setattr(repo.objects, "map_payload",
-                        lambda oid, kind=None: (mapped.append(oid), real(oid, kind))[1])
+    mapped = []  # objects read back from the store, by either way of opening one
+    for name in ("map_payload", "open_payload"):
+        real = getattr(repo.objects, name)
+        monkeypatch.setattr(repo.objects, name, lambda oid, kind=None, real=real:
+                            (mapped.append(oid), real(oid, kind))[1])
     cid = repo.commit(state(1.0), env=False)
     new = repo.read_manifest(repo.read_commit(cid).manifest).tensors["layer.weight"].id
     assert new not in mapped  # read from memory: its file may not be written yet

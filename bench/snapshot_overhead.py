@@ -146,7 +146,7 @@ def main() -> None:
                   f"{statistics.median(on):.2f}s), {r['lost_ms_per_snapshot']:.1f} ms lost "
                   f"per snapshot, hand-over {r['handover_ms_median']:.1f} ms, final flush "
                   f"{r['final_flush_s_median']:.2f} s; CPU per snapshot: training thread "
-                  f"+{r['loop_cpu_lost_ms_per_snapshot']:.1f} ms, committer "
+                  f"{r['loop_cpu_lost_ms_per_snapshot']:+.1f} ms, committer "
                   f"{r['committer_cpu_ms_per_snapshot']:.0f} ms", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -162,7 +162,7 @@ def main() -> None:
                      f"{statistics.median(r['every_iteration_s']):.2f} s | "
                      f"{r['overhead_pct']:+.1f}% | {r['lost_ms_per_snapshot']:.1f} ms | "
                      f"{r['handover_ms_median']:.1f} ms | "
-                     f"+{r['loop_cpu_lost_ms_per_snapshot']:.0f} ms / "
+                     f"{r['loop_cpu_lost_ms_per_snapshot']:+.0f} ms / "
                      f"{r['committer_cpu_ms_per_snapshot']:.0f} ms | <= 3.5% |")
     (OUT / "snapshot_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -672,3 +673,42 @@ def test_every_committer_thread_yields_to_training(repo):
             threads.append((int(fields[16]), int(fields[38])))  # nice, policy
     assert len(threads) >= 3
     assert all(nice >= NICENESS and policy == os.SCHED_BATCH for nice, policy in threads)
+
+
+def test_interrupt_latch_watcher_survives_a_collection_that_frees_a_thread_local(tmp_path):
+    """The latch's watcher thread reads the main thread's frame while the main thread keeps
+    entering new frames and a threading.local waits in a cycle for the collector: with a
+    bare sys._current_frames() this hangs CPython 3.11.7 for good, GIL held (gh-106883;
+    it hung a CI run mid-import); the watcher pauses the collector around the call."""
+    script = tmp_path / "watch.py"
+    script.write_text(textwrap.dedent("""
+        import gc, os, threading, time
+        from vrl.interrupt import _frame_of
+
+        class Local(threading.local):
+            pass
+
+        def watch():
+            for _ in range(300):
+                cycle = Local(); cycle.self = cycle; del cycle  # freed only by a collection
+                gc.set_threshold(1, 1000, 1000)  # the next allocation collects
+                _frame_of(threading.main_thread().ident)
+                gc.set_threshold(100000, 1000, 1000)
+                time.sleep(0.0005)
+
+        def step(n):
+            return n + 1
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        end = time.monotonic() + 60
+        while watcher.is_alive() and time.monotonic() < end:
+            for i in range(1000):
+                step(i)  # new frames without frame objects: reading one allocates
+        print("hung" if watcher.is_alive() else "done", flush=True)
+        os._exit(0)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.stdout.strip() == "done", result.stderr

@@ -7,6 +7,7 @@ is the interpreter's own start-up.
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import threading
@@ -91,7 +92,7 @@ class InterruptLatch:
         main = threading.main_thread().ident
         assert main is not None
         while self._installed and self._pending:
-            frame = sys._current_frames().get(main)
+            frame = _frame_of(main)
             if frame is None:
                 break
             if not _importing(frame):
@@ -102,6 +103,22 @@ class InterruptLatch:
             del frame
             time.sleep(0.02)
         self._waiting = False
+
+
+def _frame_of(ident: int) -> Any:
+    """The current frame of thread `ident`, or None.
+
+    The collector is paused meanwhile: before CPython 3.11.9 / 3.12.3, sys._current_frames()
+    holds the thread-list lock while it allocates, and a collection that frees a
+    threading.local takes that lock again - this thread then hangs holding the GIL, and
+    with it the whole process (CPython gh-106883; seen here as a hung test)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames().get(ident)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _importing(frame: Any) -> bool:

@@ -305,12 +305,12 @@ def test_max_depth_freezes_front_to_back_at_most_that_many_layers_per_network():
         DirtyLayerConfig(max_depth=0)
 
 
-def test_drift_controller_runs_with_a_real_store(repo):
+def run_prefix_controller(repo, cfg, iterations):
+    """Train with a controller whose bar nothing meets: once there is history it freezes
+    all but min_active layers, and (prefix_only) only input-side runs of each network."""
     hook = StoreHook(repo, branch="run")
-    cfg = DirtyLayerConfig(criterion="drift", window=2, warmup=1, drift=1e9,
-                           prefix_only=True, sync=True)
     ctrl = DirtyLayerController(hook, cfg)
-    trainer = make_trainer(iterations=6, hooks=[hook, ctrl])
+    trainer = make_trainer(iterations=iterations, hooks=[hook, ctrl])
     trainer.train()
     hook.close()
     layers = trainer.layer_names()
@@ -318,6 +318,12 @@ def test_drift_controller_runs_with_a_real_store(repo):
     assert any("critic.0" in f for f in decided), ctrl.history
     assert all(f == input_side_prefixes(layers, f) and len(f) < len(layers)
                for f in decided), ctrl.history
+    return ctrl, layers
+
+
+def test_drift_controller_runs_with_a_real_store(repo):
+    ctrl, _ = run_prefix_controller(repo, DirtyLayerConfig(
+        criterion="drift", window=2, warmup=1, drift=1e9, prefix_only=True, sync=True), 6)
     # net change over path length: at most 1 (up to the norms' drift) for every layer
     measured = [v for _, m in ctrl.measures for v in m.values() if v is not None]
     assert measured and all(0 < v <= 1.05 for v in measured), ctrl.measures
@@ -329,21 +335,10 @@ def test_unknown_criterion_is_rejected():
 
 
 def test_plasticity_controller_runs_with_a_real_store(repo):
-    hook = StoreHook(repo, branch="run")
-    cfg = DirtyLayerConfig(criterion="plasticity", window=1, reference=1, warmup=1,
-                           plasticity=1e9, prefix_only=True, sync=True)
-    ctrl = DirtyLayerController(hook, cfg)
-    trainer = make_trainer(iterations=5, hooks=[hook, ctrl])
-    trainer.train()
-    hook.close()
-    # an impossible bar freezes all but min_active layers once there is history, and
-    # only input-side runs of each network
-    layers = trainer.layer_names()
-    decided = [set(f) for _, f in ctrl.history]
-    assert any("critic.0" in f for f in decided), ctrl.history
-    assert all(f == input_side_prefixes(layers, f) and len(f) < len(layers)
-               for f in decided), ctrl.history
-    assert set(ctrl.last_changes) == set(trainer.layer_names())
+    ctrl, layers = run_prefix_controller(repo, DirtyLayerConfig(
+        criterion="plasticity", window=1, reference=1, warmup=1, plasticity=1e9,
+        prefix_only=True, sync=True), 5)
+    assert set(ctrl.last_changes) == set(layers)
 
 
 @pytest.mark.slow

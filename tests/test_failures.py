@@ -18,6 +18,7 @@ import torch
 
 import vrl.object_store
 import vrl.refs
+import vrl.repo
 from vrl import Repo
 from vrl.cli import main
 from vrl.errors import CorruptObjectError, StorageError, VrlError
@@ -417,6 +418,36 @@ def test_truncated_tensor(repo_with_history, capsys, name):
     assert ("truncated" if packed else f"corrupt object {entry.id}") in \
         capsys.readouterr().out
     assert_restores(Repo(path), ids[0], states[0])
+
+
+@pytest.mark.parametrize("how", ["header", "kind", "longer"])
+def test_damaged_mapped_tensor_is_refused(repo_with_history, capsys, how):
+    """A big tensor is restored by mapping its loose file: a damaged header, another
+    object's kind or extra bytes are refused without verification, like a truncation."""
+    from vrl.objects import header
+
+    path, ids, states = repo_with_history
+    repo = Repo(path)
+    entry = _entry(repo, "HEAD", "critic.weight")
+    file = _object_path(repo, entry.id)
+    assert entry.nbytes >= vrl.repo.MMAP_MIN and file.is_file()  # the mapped fast path
+    os.chmod(file, 0o644)
+    data = bytearray(file.read_bytes())
+    if how == "header":
+        _damage(repo, entry.id, "header")
+    elif how == "kind":
+        file.write_bytes(header("manifest", entry.nbytes) + data[HEADER_SIZE:])
+    else:
+        file.write_bytes(bytes(data) + b"\0" * 8)
+    match = {"header": "not a vrl object header", "kind": "is a manifest, not a tensor",
+             "longer": "truncated or the wrong size"}[how]
+    with pytest.raises(CorruptObjectError, match=match) as info:
+        Repo(path).load("HEAD")
+    assert "\n" not in str(info.value)
+    assert main(["-C", str(path), "export", "HEAD", str(path / "out.pt")]) == 1
+    assert one_line_error(capsys)
+    assert not (path / "out.pt").exists()
+    assert_restores(Repo(path), ids[0], states[0])  # snapshots without it still restore
 
 
 def test_missing_objects(repo_with_history, capsys):

@@ -8,6 +8,7 @@ with a tensor holding the same bytes). The fixed header size keeps tensor payloa
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -36,6 +37,12 @@ def header(kind: str, size: int) -> bytes:
         raise ValueError(f"unknown object kind {kind!r}")
     text = f"vrl{FORMAT} {kind} {size}".encode()
     return text + b" " * (HEADER_SIZE - 1 - len(text)) + b"\n"
+
+
+@functools.lru_cache(maxsize=1024)
+def tensor_header(nbytes: int) -> bytes:
+    """`header("tensor", nbytes)`, cached: restores compare it with each object's."""
+    return header("tensor", nbytes)
 
 
 def parse_header(raw: bytes) -> tuple[str, int]:

@@ -36,6 +36,7 @@ from vrl.errors import (
 from vrl.maintenance import Maintenance
 from vrl.object_store import PACK_MAX, FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
+    HEADER_SIZE,
     Commit,
     FileLayout,
     Manifest,
@@ -226,6 +227,13 @@ class Repo(Maintenance, WorkspaceMixin):
 
     def load_entry(self, entry: TensorEntry) -> Any:
         """A tensor from the store: memory-mapped (copy-on-write, private) when large."""
+        if entry.nbytes >= MMAP_MIN and not self.objects.verify_reads and \
+                entry.id not in self._fresh:
+            _check_entry(entry)
+            mapped = self.objects.map_loose_tensor(entry.id, entry.nbytes)
+            if mapped is not None:
+                return tensor_from_buffer(mapped, entry.dtype, entry.shape, HEADER_SIZE,
+                                          entry.nbytes)
         buf, offset = self._tensor_buffer(entry)
         return tensor_from_buffer(buf, entry.dtype, entry.shape, offset, entry.nbytes)
 

@@ -69,6 +69,14 @@ def test_advantage_normalisation():
     assert stats["losses/policy_loss"].item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_one_sample_minibatch_is_not_normalised_to_nan():
+    inputs = {k: v[:1] for k, v in loss_inputs().items()}
+    inputs["mb_advantages"] = torch.tensor([3.0])
+    loss, stats = ppo_loss(**inputs, clip_coef=0.2, ent_coef=0.0, vf_coef=0.5)
+    assert torch.isfinite(loss)
+    assert stats["losses/policy_loss"].item() == pytest.approx(-3.0 * 1.2)  # clipped ratio
+
+
 def make_ppo(precision="fp32"):
     torch.manual_seed(0)
     agent = Agent(3, 2, [8])

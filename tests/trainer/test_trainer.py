@@ -163,3 +163,17 @@ def test_mixed_precision_runs(precision, config_cls):
     assert ("precision/loss_scale" in m) == (precision == "fp16")
     if precision == "fp16":
         assert scaled and m["precision/loss_scale"] > 1  # the loss really was scaled
+
+
+@pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
+def test_one_sample_minibatches_still_update_the_policy(config_cls):
+    """num_minibatches = the rollout's size: advantage normalisation of one sample must
+    not turn every update into a skipped NaN step (silently no learning)."""
+    cfg = config_cls(num_envs=2, num_steps=16, total_steps=2 * 4 * 16 * 6, hidden_sizes=[16],
+                     num_minibatches=2 * 4 * 16, update_epochs=1)
+    t = Trainer(WarehouseEnv(2, num_agents=4, max_steps=24,
+                             layout_kwargs=dict(blocks_x=2, blocks_y=2)), cfg)
+    before = params(t)
+    t.train(iterations=1)
+    assert t.algo.skipped_steps == 0
+    assert not all(torch.equal(b, p) for b, p in zip(before, params(t), strict=True))

@@ -107,7 +107,9 @@ def ppo_loss(
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
-    if norm_adv:
+    if norm_adv and mb_advantages.numel() > 1:
+        # (one sample has no spread: its std is NaN, which would make every update of a
+        # run with one-sample minibatches a skipped non-finite step - no learning at all)
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
     w = torch.ones_like(ratio) if weights is None else weights
 

@@ -1,4 +1,9 @@
-"""Actor-critic MLPs with a shared interface for every environment (CleanRL's ``Agent``)."""
+"""Actor-critic MLPs with a shared interface for every environment (CleanRL's ``Agent``).
+
+Discrete actions: a categorical policy over the actor's logits (``ppo.py``). Continuous
+actions: a diagonal Gaussian whose mean is the actor's output and whose state-independent
+log-std is a learnable parameter of the actor's output layer (``ppo_continuous_action.py``).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +21,24 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-def mlp(sizes: list[int], out_std: float) -> nn.Sequential:
+class GaussianHead(nn.Linear):
+    """The actor's output layer for continuous actions: a Linear that outputs the mean
+    and also owns the state-independent ``log_std`` (zeros at the start).
+
+    Keeping ``log_std`` in the output layer (``actor.N.log_std``) makes it part of that
+    layer for everything that works per layer (freezing, trust radii, store statistics),
+    and the actor stays an ``nn.Sequential`` whose prefixes can be frozen."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features)
+        self.log_std = nn.Parameter(torch.zeros(out_features))
+
+
+def mlp(sizes: list[int], out_std: float, head: type[nn.Linear] = nn.Linear) -> nn.Sequential:
     layers: list[nn.Module] = []
     for a, b in zip(sizes[:-2], sizes[1:-1], strict=True):
         layers += [layer_init(nn.Linear(a, b)), nn.Tanh()]
-    layers.append(layer_init(nn.Linear(sizes[-2], sizes[-1]), std=out_std))
+    layers.append(layer_init(head(sizes[-2], sizes[-1]), std=out_std))
     return nn.Sequential(*layers)
 
 
@@ -30,6 +48,27 @@ def sample_categorical(logits: torch.Tensor, generator: torch.Generator | None) 
     u = torch.rand(logits.shape, generator=generator, device=logits.device)
     gumbel = -torch.log(-torch.log(u.clamp_(1e-20, 1.0)))
     return (logits + gumbel).argmax(dim=-1)
+
+
+HALF_LOG_2PI = 0.5 * float(np.log(2 * np.pi))
+
+
+def sample_normal(mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None
+                  ) -> torch.Tensor:
+    """``mean + std * N(0, 1)`` from our own generator (see :func:`sample_categorical`);
+    a sample, like a categorical one, carries no gradient."""
+    noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+    return (mean + std * noise).detach()
+
+
+def normal_logprob_entropy(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-density of ``action`` and entropy of the diagonal Gaussian, each summed over
+    the action dimensions (``torch.distributions.Normal``'s, without its checks)."""
+    z = (action - mean) * torch.exp(-log_std)
+    logprob = (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(-1)
+    entropy = (0.5 + HALF_LOG_2PI + log_std).expand_as(mean).sum(-1)
+    return logprob, entropy
 
 
 def frozen_prefix_depth(net: nn.Sequential) -> int:
@@ -65,12 +104,19 @@ class PrefixFeatures:
 
 
 class Agent(nn.Module):
-    """Separate actor and critic MLPs with tanh activations (discrete actions)."""
+    """Separate actor and critic MLPs with tanh activations.
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden_sizes: list[int]) -> None:
+    ``continuous=False``: ``num_actions`` discrete actions (categorical policy).
+    ``continuous=True``: actions are vectors of ``num_actions`` floats (diagonal Gaussian;
+    the actor's last layer is a :class:`GaussianHead`)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden_sizes: list[int],
+                 continuous: bool = False) -> None:
         super().__init__()
+        self.continuous = continuous
         self.critic = mlp([obs_dim, *hidden_sizes, 1], out_std=1.0)
-        self.actor = mlp([obs_dim, *hidden_sizes, num_actions], out_std=0.01)
+        self.actor = mlp([obs_dim, *hidden_sizes, num_actions], out_std=0.01,
+                         head=GaussianHead if continuous else nn.Linear)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1).float()
@@ -93,15 +139,23 @@ class Agent(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns ``action, logprob, entropy, value, logits`` (float32 outside autocast).
 
-        ``action_mask`` (bool, True = legal) gives illegal actions probability 0. With
-        ``features`` (see :meth:`encode_frozen_prefix`) the networks start after their
-        frozen prefixes and ``x`` is not used."""
+        ``action_mask`` (bool, True = legal) gives illegal actions probability 0 (discrete
+        actions only). With ``features`` (see :meth:`encode_frozen_prefix`) the networks
+        start after their frozen prefixes and ``x`` is not used. For continuous actions
+        ``logits`` is the Gaussian's mean (the deterministic action), and ``logprob`` and
+        ``entropy`` are summed over the action dimensions."""
         if features is not None:
             logits = self.actor[features.actor_depth:](features.actor).float()
             value = self.critic[features.critic_depth:](features.critic).squeeze(-1).float()
         else:
             logits = self.actor(x).float()
             value = self.get_value(x)
+        if self.continuous:
+            log_std = self.actor[-1].log_std.float()
+            if action is None:
+                action = sample_normal(logits, log_std.exp(), generator)
+            logprob, entropy = normal_logprob_entropy(logits, log_std, action)
+            return action, logprob, entropy, value, logits
         if action_mask is not None:
             # the most negative finite number, not -inf: exp() is exactly 0 and
             # 0 * log_prob stays 0 in the entropy instead of NaN

@@ -481,7 +481,8 @@ def _store_hooks(trainer, repo, run, o):
 @click.option("--episodes", type=int, default=10, show_default=True,
               help="episodes to run (warehouse: one world each, in one batch)")
 @click.option("--greedy/--sample", default=False, show_default=True,
-              help="take the most likely action, or sample from the policy")
+              help="take the most likely action (continuous: the mean), or sample from "
+                   "the policy")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="seeds the envs and the action sampling")
 @click.option("--env", "env_spec", default=None,

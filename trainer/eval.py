@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.envs.base import action_mask_of
+from trainer.envs.base import action_mask_of, continuous_of
 from trainer.store_hook import SnapshotMismatchError, StoredRun, check_policy_fits, read_run
 from vrl import Repo
 from vrl.errors import VrlError
@@ -77,7 +77,8 @@ def load_policy(repo: Repo, rev: str, env: Any, env_spec: str, run: StoredRun,
     state = repo.load(run.commit)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise SnapshotMismatchError(f"{rev} ({run.commit[:12]}) holds no policy")
-    agent = Agent(env.obs_dim, env.num_actions, config.hidden_sizes)
+    agent = Agent(env.obs_dim, env.num_actions, config.hidden_sizes,
+                  continuous=continuous_of(env))
     check_policy_fits(state["model"], agent.state_dict(), run, rev, env, env_spec)
     agent.load_state_dict({k: torch.as_tensor(v) for k, v in state["model"].items()})
     return agent.to(device).eval()
@@ -93,7 +94,10 @@ def _actor(agent: torch.nn.Module, greedy: bool, seed: int, device: torch.device
         mask = None if mask is None else mask.to(device)
         action, _, _, _, logits = agent.get_action_and_value(
             obs.to(device), generator=generator, action_mask=mask)
-        return logits.argmax(-1) if greedy else action
+        if not greedy:
+            return action
+        # deterministic: the most likely action, or the Gaussian's mean (continuous)
+        return logits if agent.continuous else logits.argmax(-1)
 
     return act
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import CONFIGS, config_to_dict
+from trainer.envs.base import continuous_of
 from trainer.hooks import Hook
 from trainer.train import RETURN_METRIC, STATE_VERSION, Trainer
 from vrl import Repo
@@ -32,9 +33,14 @@ def run_hparams(trainer: Trainer) -> dict[str, Any]:
 
 
 def run_meta(trainer: Trainer) -> dict[str, Any]:
-    """What the policy fits: checked before a snapshot is resumed or evaluated."""
-    return {"state_version": STATE_VERSION, "obs_dim": int(trainer.env.obs_dim),
+    """What the policy fits: checked before a snapshot is resumed or evaluated.
+    ``num_actions`` is the action dimension where ``continuous_actions`` is set (absent:
+    discrete actions, as in every snapshot from before continuous actions)."""
+    meta = {"state_version": STATE_VERSION, "obs_dim": int(trainer.env.obs_dim),
             "num_actions": int(trainer.env.num_actions), "env_slots": int(trainer.env.num_envs)}
+    if continuous_of(trainer.env):
+        meta["continuous_actions"] = True
+    return meta
 
 
 def _number(value: Any) -> float | None:
@@ -179,11 +185,20 @@ def check_policy_fits(stored_model: dict[str, Any], model: dict[str, Any], run: 
     observation and action sizes) and ``model`` (a state dict of the network to load)."""
     name = f"{rev} ({run.commit[:12]})"
     stored = run.meta.get(META_KEY) or {}
-    for key, what in (("obs_dim", "observations of {} floats"), ("num_actions", "{} actions")):
+    hint = (f"--env {run.env_spec}" if run.env_spec and run.env_spec != env_spec
+            else "the env options it was trained with")
+    theirs_continuous = bool(stored.get("continuous_actions", False))
+    if stored and theirs_continuous != continuous_of(env):
+        def kind(continuous: bool) -> str:
+            return "continuous (Box) actions" if continuous else "discrete actions"
+
+        raise SnapshotMismatchError(
+            f"{name} was trained on {kind(theirs_continuous)}, but {env_spec or 'this env'} "
+            f"has {kind(not theirs_continuous)}; use {hint}, or start a new run without --from")
+    actions = "continuous actions of {} floats" if theirs_continuous else "{} actions"
+    for key, what in (("obs_dim", "observations of {} floats"), ("num_actions", actions)):
         theirs, ours = stored.get(key), getattr(env, key)
         if theirs is not None and theirs != ours:
-            hint = (f"--env {run.env_spec}" if run.env_spec and run.env_spec != env_spec
-                    else "the env options it was trained with")
             raise SnapshotMismatchError(
                 f"{name} was trained on {what.format(theirs)}, but {env_spec or 'this env'} "
                 f"has {what.format(ours)}; use {hint}, or start a new run without --from")

@@ -28,7 +28,7 @@ from trainer.algos.ppo import RolloutBuffer
 from trainer.config import ConfigError, PPOConfig, config_to_dict
 from trainer.devices import Precision, manual_seed_all, rng_state, set_rng_state
 from trainer.distributed import DistContext
-from trainer.envs.base import VecEnv, action_mask_of, alive_of, state_dict_of
+from trainer.envs.base import VecEnv, action_mask_of, alive_of, continuous_of, state_dict_of
 from trainer.hooks import Hook
 
 STATE_VERSION = 1
@@ -81,7 +81,9 @@ class Trainer:
         self.hooks: list[Hook] = list(hooks)
 
         manual_seed_all(config.seed)  # network initialisation; identical on every rank
-        self.agent = Agent(env.obs_dim, env.num_actions, config.hidden_sizes).to(self.device)
+        continuous = continuous_of(env)
+        self.agent = Agent(env.obs_dim, env.num_actions, config.hidden_sizes,
+                           continuous=continuous).to(self.device)
         self.dist.broadcast_module(self.agent)
         rank_seed = config.seed + 7919 * self.dist.rank
         self.action_generator = torch.Generator(device=self.device)
@@ -105,9 +107,10 @@ class Trainer:
         self._stop = False
         self._planned_steps: int | None = None  # set once rows of finished agents appear
         self.next_obs = env.reset(seed=rank_seed)
-        masked = action_mask_of(env) is not None
+        masked = action_mask_of(env) is not None and not continuous
         self.buffer = RolloutBuffer.allocate(config.num_steps, env.num_envs, env.obs_dim,
-                                             self.device, env.num_actions if masked else None)
+                                             self.device, env.num_actions if masked else None,
+                                             env.num_actions if continuous else None)
 
     # ---------------------------------------------------------------- access
     @property

@@ -96,9 +96,9 @@ class MALineEnv(gym.Env):
         return obs, rewards, terminated, False, info
 
 
-class BoxActionEnv(gym.Env):
+class BoxActionEnv(gym.Env):  # a Box action that is not one vector: refused
     observation_space = spaces.Box(0, 1, (3,), np.float32)
-    action_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Box(-1, 1, (2, 2), np.float32)
 
 
 class MixedActionsEnv(gym.Env):

@@ -220,8 +220,8 @@ def test_vrl_train_with_a_gym_module_spec(tmp_path):
 
 @pytest.mark.parametrize("spec, message", [
     ("gym:ma_gym_env:BoxAction-v0",
-     "the env has action space Box(-1.0, 1.0, (2,), float32): continuous (Box) actions are "
-     "not supported"),
+     "the env has action space Box(-1.0, 1.0, (2, 2), float32): a Box action must be one "
+     "vector (shape (k,)), not shape (2, 2)"),
     ("gym:ma_gym_env:MixedActions-v0",
      "agents have different action spaces (agent 0: Discrete(5), agent 1: Discrete(3))"),
     ("gym:ma_gym_env:SequenceObs-v0", "unsupported observation space Sequence(Discrete(3)"),

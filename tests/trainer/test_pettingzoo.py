@@ -62,8 +62,8 @@ def test_dict_observations_are_flattened_and_masks_read(mask):
 @pytest.mark.parametrize("kwargs, message", [
     ({"action_sizes": (2, 3)}, "agents have different action spaces (agent 'fast': "
                                "Discrete(2), agent 'slow': Discrete(3))"),
-    ({"continuous": True}, "agent 'slow' has action space Box(-1.0, 1.0, (1,), float32): "
-                           "continuous (Box) actions are not supported"),
+    ({"continuous": True}, "agents mix discrete and continuous actions (agent 'fast': "
+                           "Discrete(2), agent 'slow': Box(-1.0, 1.0, (1,), float32))"),
     ({"nope": 1}, "unexpected keyword argument 'nope'"),
 ])
 def test_every_agents_spaces_are_checked(kwargs, message):

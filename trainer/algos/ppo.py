@@ -28,7 +28,9 @@ class RolloutBuffer:
     a truncated step's reward already includes ``gamma * V(final_obs)``.
     ``alive[t]`` is False for rows whose agent had already finished (multi-agent envs):
     those samples are left out of the update. ``action_masks`` (legal actions) exists
-    only for envs that mask actions.
+    only for envs that mask actions. ``actions`` is ``(num_steps, num_envs)`` long for
+    discrete actions and ``(num_steps, num_envs, action_dim)`` float for continuous ones
+    (the unclipped samples: their log-probabilities are the ones stored).
     """
 
     obs: torch.Tensor
@@ -42,13 +44,16 @@ class RolloutBuffer:
 
     @classmethod
     def allocate(cls, num_steps: int, num_envs: int, obs_dim: int,
-                 device: torch.device, num_actions: int | None = None) -> RolloutBuffer:
-        """``num_actions`` given: with ``action_masks``."""
+                 device: torch.device, num_actions: int | None = None,
+                 action_dim: int | None = None) -> RolloutBuffer:
+        """``num_actions`` given: with ``action_masks``; ``action_dim`` given: continuous
+        actions of that many floats."""
         def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return cls(obs=zeros(num_steps, num_envs, obs_dim),
-                   actions=zeros(num_steps, num_envs, dtype=torch.long),
+                   actions=(zeros(num_steps, num_envs, dtype=torch.long) if action_dim is None
+                            else zeros(num_steps, num_envs, action_dim)),
                    logprobs=zeros(num_steps, num_envs), rewards=zeros(num_steps, num_envs),
                    dones=zeros(num_steps, num_envs), values=zeros(num_steps, num_envs),
                    alive=torch.ones(num_steps, num_envs, dtype=torch.bool, device=device),
@@ -244,7 +249,7 @@ class PPO:
                                               cfg.gamma, cfg.gae_lambda)
         b_obs = buf.obs.reshape(-1, buf.obs.shape[-1])
         b_logprobs = buf.logprobs.reshape(-1)
-        b_actions = buf.actions.reshape(-1)
+        b_actions = buf.actions.reshape(-1, *buf.actions.shape[2:])
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
         b_values = buf.values.reshape(-1)

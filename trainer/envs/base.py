@@ -2,12 +2,17 @@
 
 Every environment the trainer sees is a batch of ``num_envs`` independent decision
 makers (for multi-agent envs: environments x agents, one shared policy) with flat
-float observations and discrete actions, exchanged as torch tensors on ``device``.
+float observations and discrete or continuous actions, exchanged as torch tensors on
+``device``.
 
 ``step`` auto-resets finished slots. Where a slot ended this step, the returned
 observation is already the first of the next episode and ``info["final_obs"]`` holds
 the last observation of the finished one, so truncated episodes can be bootstrapped
 with V(final_obs) while terminated ones are not.
+
+Actions are discrete (``(num_envs,)`` long, ``num_actions`` choices) unless the env has
+``continuous_actions = True``: then they are ``(num_envs, num_actions)`` float32 vectors,
+the raw samples of the Gaussian policy; the env clips them to its bounds itself.
 
 Two optional attributes describe the observation last returned by ``reset``/``step``
 (an env without them has every row alive and every action legal):
@@ -16,7 +21,7 @@ Two optional attributes describe the observation last returned by ``reset``/``st
   alive (an agent that finished before the others) is not trained on and not counted
   as a step.
 * ``action_mask``: ``(num_envs, num_actions)`` bool, the legal actions; the policy's
-  logits are masked with it, in the rollout and in the update.
+  logits are masked with it, in the rollout and in the update (discrete actions only).
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ def state_dict_of(env: Any) -> dict[str, Any] | None:
     """The env's resumable state, or None if it cannot be snapshotted (e.g. Gymnasium)."""
     fn = getattr(env, "state_dict", None)
     return fn() if callable(fn) else None
+
+
+def continuous_of(env: Any) -> bool:
+    """Whether the env takes continuous (vector) actions rather than discrete ones."""
+    return bool(getattr(env, "continuous_actions", False))
 
 
 def alive_of(env: Any) -> torch.Tensor | None:

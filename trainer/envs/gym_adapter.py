@@ -4,16 +4,19 @@
 Gymnasium from 0.28 to 1.x behaves the same); each copy contributes one row per agent.
 
 * **Single agent**: any observation space :mod:`trainer.envs.spaces` can flatten, a
-  Discrete action space.
+  Discrete or a 1-D float Box (continuous) action space. Continuous actions are clipped
+  to the Box's bounds before the env sees them (the policy trains on the raw sample).
 * **Multi-agent** (the layout of multi-robot warehouse envs): the action space is a
-  ``Tuple`` of Discrete spaces, one per agent, and the observation space a ``Tuple`` of
-  the same length. ``step`` returns the rewards as a list/tuple/array with one entry per
-  agent (a scalar is a team reward, given to every agent) and ``terminated`` /
-  ``truncated`` either shared (one bool) or per agent. An agent whose own flag is set
-  while others go on has finished: its row is not alive (not trained on, not counted)
-  until the episode ends, which is when no agent is left.
-* **Action masks**: an ``"action_mask"`` entry of a Dict observation (per agent), or
-  ``info["action_mask"]`` (shape ``(num_actions,)``, or ``(agents, num_actions)``).
+  ``Tuple`` with one space per agent (all Discrete of one size, or all Box of one
+  shape), and the observation space a ``Tuple`` of the same length. ``step`` returns
+  the rewards as a list/tuple/array with one entry per agent (a scalar is a team
+  reward, given to every agent) and ``terminated`` / ``truncated`` either shared (one
+  bool) or per agent. An agent whose own flag is set while others go on has finished:
+  its row is not alive (not trained on, not counted) until the episode ends, which is
+  when no agent is left.
+* **Action masks** (discrete actions): an ``"action_mask"`` entry of a Dict
+  observation (per agent), or ``info["action_mask"]`` (shape ``(num_actions,)``, or
+  ``(agents, num_actions)``).
 
 A finished copy is reset in the same step; its last observation goes to
 ``info["final_obs"]``, so truncated episodes are bootstrapped with V(final_obs) while
@@ -31,7 +34,7 @@ import torch
 from trainer.envs.spaces import (
     EnvSpecError,
     ObsFlattener,
-    discrete_actions,
+    action_spec,
     import_error_hint,
 )
 
@@ -96,7 +99,7 @@ class GymVecEnv:
             if not isinstance(obs_space, gym.spaces.Tuple) or len(obs_space.spaces) != n or n == 0:
                 first.close()
                 raise EnvSpecError(
-                    f"{who}: the action space {act_space} is read as one Discrete per agent, "
+                    f"{who}: the action space {act_space} is read as one action space per agent, "
                     f"which needs a Tuple observation space with one entry per agent; got "
                     f"{obs_space}")
             names = [f"agent {j}" for j in range(n)]
@@ -104,7 +107,7 @@ class GymVecEnv:
         else:
             names, agent_obs, agent_act = ["the env"], [obs_space], [act_space]
         try:
-            self.num_actions, starts = discrete_actions(agent_act, names, who)
+            self._actions = action_spec(agent_act, names, who)
             self._flatten = [ObsFlattener(s, f"{who}: {name}" if self.multi_agent else who)
                              for s, name in zip(agent_obs, names, strict=True)]
         except EnvSpecError:
@@ -121,12 +124,15 @@ class GymVecEnv:
         self.num_agents = len(names)
         self.num_envs = num_envs * self.num_agents
         self.obs_dim = max(f.dim for f in self._flatten)
-        self._starts = np.asarray(starts, dtype=np.int64)
+        self.num_actions = self._actions.size
+        self.continuous_actions = self._actions.continuous
         self._who = who
         shape = (num_envs, self.num_agents)
         self._obs = np.zeros((*shape, self.obs_dim), dtype=np.float32)
         self._mask = np.ones((*shape, self.num_actions), dtype=bool)
-        self._has_mask = any(f.mask_key for f in self._flatten)
+        # masks select among discrete actions; a Box action has nothing to mask
+        self._masks_apply = not self.continuous_actions
+        self._has_mask = self._masks_apply and any(f.mask_key for f in self._flatten)
         self._alive = np.ones(shape, dtype=bool)
         self._returns = np.zeros(shape)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
@@ -166,9 +172,10 @@ class GymVecEnv:
                                                       strict=True)):
             flat, mask = flatten(agent_obs)
             self._obs[e, j, :flat.size] = flat
-            if mask is not None:
+            if mask is not None and self._masks_apply:
                 self._set_mask(e, j, mask)
-        if isinstance(info, dict) and info.get("action_mask") is not None:
+        if (self._masks_apply and isinstance(info, dict)
+                and info.get("action_mask") is not None):
             self._has_mask = True
             masks = np.asarray(info["action_mask"]).astype(bool)
             if masks.size != self.num_agents * self.num_actions:
@@ -200,7 +207,12 @@ class GymVecEnv:
         return self._tensor(self._obs.copy())
 
     def step(self, actions: torch.Tensor):
-        acts = actions.view(self.num_copies, self.num_agents).cpu().numpy() + self._starts
+        if self.continuous_actions:
+            acts = self._actions.clip(
+                actions.view(self.num_copies, self.num_agents, -1).cpu().numpy())
+        else:
+            acts = (actions.view(self.num_copies, self.num_agents).cpu().numpy()
+                    + self._actions.starts)
         shape = (self.num_copies, self.num_agents)
         reward = np.zeros(shape, dtype=np.float32)
         terminated = np.ones(shape, dtype=bool)  # rows of finished agents stay terminated
@@ -209,7 +221,11 @@ class GymVecEnv:
         episodes: list[dict[str, float]] = []
         A = self.num_agents
         for e, env in enumerate(self.envs):
-            action = tuple(int(a) for a in acts[e]) if self.multi_agent else int(acts[e, 0])
+            if self.continuous_actions:
+                action = tuple(acts[e]) if self.multi_agent else acts[e, 0]
+            else:
+                action = (tuple(int(a) for a in acts[e]) if self.multi_agent
+                          else int(acts[e, 0]))
             obs, rew, term, trunc, info = env.step(action)
             self._lengths[e] += 1
             if self.multi_agent:

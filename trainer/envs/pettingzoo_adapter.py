@@ -9,8 +9,10 @@ alive from their first observation.
 
 Every agent's spaces are checked: observations are flattened (Dict and nested spaces
 too; smaller ones zero-padded to the largest) and actions must be Discrete with the
-same size for all agents. Action masks come from an ``"action_mask"`` entry of a Dict
-observation or ``infos[agent]["action_mask"]``.
+same size for all agents, or 1-D float Boxes of the same shape (continuous actions,
+clipped to each agent's bounds before the env sees them). Action masks (discrete
+actions only) come from an ``"action_mask"`` entry of a Dict observation or
+``infos[agent]["action_mask"]``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.envs.spaces import EnvSpecError, ObsFlattener, discrete_actions
+from trainer.envs.spaces import EnvSpecError, ObsFlattener, action_spec
 
 
 class PettingZooVecEnv:
@@ -42,11 +44,11 @@ class PettingZooVecEnv:
         if not self.agents:
             raise EnvSpecError(f"{who}: possible_agents is empty")
         names = [f"agent {a!r}" for a in self.agents]
-        self.num_actions, starts = discrete_actions(
-            [first.action_space(a) for a in self.agents], names, who)
+        self._actions = action_spec([first.action_space(a) for a in self.agents], names, who)
+        self.num_actions = self._actions.size
+        self.continuous_actions = self._actions.continuous
         self._flatten = [ObsFlattener(first.observation_space(a), f"{who}: {n}")
                          for a, n in zip(self.agents, names, strict=True)]
-        self._starts = starts
         self.num_agents = len(self.agents)
         self.num_worlds = num_envs
         self.num_envs = num_envs * self.num_agents
@@ -55,7 +57,9 @@ class PettingZooVecEnv:
         shape = (num_envs, self.num_agents)
         self._obs = np.zeros((*shape, self.obs_dim), dtype=np.float32)
         self._mask = np.ones((*shape, self.num_actions), dtype=bool)
-        self._has_mask = any(f.mask_key for f in self._flatten)
+        # masks select among discrete actions; a Box action has nothing to mask
+        self._masks_apply = not self.continuous_actions
+        self._has_mask = self._masks_apply and any(f.mask_key for f in self._flatten)
         self._alive = np.zeros(shape, dtype=bool)
         self._returns = np.zeros(shape)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
@@ -85,6 +89,8 @@ class PettingZooVecEnv:
                 flat, mask = self._flatten[j](obs[agent])
                 self._obs[w, j, :flat.size] = flat
             info = infos.get(agent)
+            if not self._masks_apply:
+                continue
             if isinstance(info, dict) and info.get("action_mask") is not None:
                 self._has_mask = True
                 mask = np.asarray(info["action_mask"]).astype(bool).reshape(-1)
@@ -111,7 +117,12 @@ class PettingZooVecEnv:
         return self._tensor(self._obs.copy())
 
     def step(self, actions: torch.Tensor):
-        acts = actions.view(self.num_worlds, self.num_agents).cpu().numpy()
+        if self.continuous_actions:
+            acts = self._actions.clip(
+                actions.view(self.num_worlds, self.num_agents, -1).cpu().numpy())
+        else:
+            acts = (actions.view(self.num_worlds, self.num_agents).cpu().numpy()
+                    + self._actions.starts)
         shape = (self.num_worlds, self.num_agents)
         reward = np.zeros(shape, dtype=np.float32)
         terminated = np.zeros(shape, dtype=bool)
@@ -121,7 +132,7 @@ class PettingZooVecEnv:
         for w, world in enumerate(self.worlds):
             acting = self._alive[w].copy()
             obs, rew, term, trunc, infos = world.step(
-                {a: int(acts[w, j]) + self._starts[j]
+                {a: acts[w, j] if self.continuous_actions else int(acts[w, j])
                  for j, a in enumerate(self.agents) if acting[j]})
             remaining = set(world.agents)
             for j, agent in enumerate(self.agents):

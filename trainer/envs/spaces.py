@@ -1,17 +1,23 @@
 """Space handling shared by the Gymnasium and PettingZoo adapters.
 
-The trainer's policy is one categorical MLP over flat float observations, so every
-agent's observation space is flattened (``gymnasium.spaces.flatten_space``: Box,
-Discrete and MultiDiscrete one-hot, MultiBinary, and Tuple/Dict of these, nested) and
-every agent needs a Discrete action space with the same number of actions. An
-``"action_mask"`` entry of a Dict observation (PettingZoo's convention) is not part of
-the observation: it is the set of legal actions, and the policy's logits are masked
-with it. Agents with different flat observation sizes are zero-padded to the largest.
+The trainer's policy is one MLP over flat float observations, shared by all agents, so
+every agent's observation space is flattened (``gymnasium.spaces.flatten_space``: Box,
+Discrete and MultiDiscrete one-hot, MultiBinary, and Tuple/Dict of these, nested).
+Actions are either discrete (every agent has a Discrete space with the same number of
+actions: a categorical policy) or continuous (every agent has a 1-D float Box of the
+same shape ``(k,)``: a diagonal Gaussian policy whose samples the env adapters clip to
+each agent's bounds; infinite bounds do not clip). Mixed Discrete/Box agents, Box
+actions of another rank, and MultiDiscrete/MultiBinary/Tuple/Dict actions are refused.
+An ``"action_mask"`` entry of a Dict observation (PettingZoo's convention) is not part
+of the observation: it is the set of legal actions, and the policy's logits are masked
+with it (discrete actions; with Box actions masks are ignored). Agents with different
+flat observation sizes are zero-padded to the largest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +26,8 @@ from vrl.errors import VrlError
 
 SUPPORTED_OBS = ("Box, Discrete, MultiBinary, MultiDiscrete, and Tuple/Dict of these "
                  "(flattened; a Dict's 'action_mask' entry masks the actions)")
-SUPPORTED_ACTIONS = "Discrete (one per agent: a Tuple of Discrete with equal sizes)"
+SUPPORTED_ACTIONS = ("Discrete or a 1-D float Box (continuous); for several agents one "
+                     "per agent, all Discrete of one size or all Box of one shape")
 
 
 class EnvSpecError(VrlError, ValueError):
@@ -66,26 +73,70 @@ class ObsFlattener:
         return np.asarray(spaces.flatten(self.space, obs), dtype=np.float32), mask
 
 
-def discrete_actions(action_spaces: Sequence[Any], names: Sequence[str], who: str
-                     ) -> tuple[int, list[int]]:
-    """``(num_actions, start offsets)`` of per-agent Discrete action spaces, or a
-    one-line error naming the space that does not fit."""
+@dataclass
+class ActionSpec:
+    """What the shared policy outputs for a set of per-agent action spaces."""
+
+    continuous: bool
+    size: int
+    """number of discrete actions, or the dimension k of a continuous action"""
+    starts: np.ndarray | None = None
+    """discrete: each agent's first action (Discrete ``start``), shape ``(agents,)``"""
+    low: np.ndarray | None = None
+    """continuous: each agent's lower bounds, shape ``(agents, k)`` (-inf: unbounded)"""
+    high: np.ndarray | None = None
+    dtype: Any = None
+    """continuous: the Box's dtype, the one the env receives"""
+
+    def clip(self, actions: np.ndarray) -> np.ndarray:
+        """``(copies, agents, k)`` sampled actions clipped to each agent's bounds, in
+        the Box's dtype (what the env receives; the policy trains on the raw sample)."""
+        return np.clip(actions, self.low, self.high).astype(self.dtype, copy=False)
+
+
+def action_spec(action_spaces: Sequence[Any], names: Sequence[str], who: str) -> ActionSpec:
+    """The :class:`ActionSpec` of per-agent action spaces, or a one-line error naming
+    the agent and the space that does not fit."""
     from gymnasium import spaces
 
     for space, name in zip(action_spaces, names, strict=True):
-        if not isinstance(space, spaces.Discrete):
-            kind = ("continuous (Box) actions are" if isinstance(space, spaces.Box)
-                    else f"{type(space).__name__} actions are")
-            raise EnvSpecError(f"{who}: {name} has action space {space}: {kind} not "
-                               f"supported (the policy is categorical); "
-                               f"supported: {SUPPORTED_ACTIONS}")
+        if isinstance(space, spaces.Discrete):
+            continue
+        if isinstance(space, spaces.Box):
+            if len(space.shape) != 1:
+                raise EnvSpecError(f"{who}: {name} has action space {space}: a Box action "
+                                   f"must be one vector (shape (k,)), not shape {space.shape}; "
+                                   f"supported: {SUPPORTED_ACTIONS}")
+            if not np.issubdtype(space.dtype, np.floating):
+                raise EnvSpecError(f"{who}: {name} has action space {space}: an integer Box "
+                                   f"is not supported (the Gaussian policy outputs floats); "
+                                   f"supported: {SUPPORTED_ACTIONS}")
+            continue
+        raise EnvSpecError(f"{who}: {name} has action space {space}: "
+                           f"{type(space).__name__} actions are not supported; "
+                           f"supported: {SUPPORTED_ACTIONS}")
+    listed = ", ".join(f"{n}: {s}" for n, s in zip(names, action_spaces, strict=True))
+    kinds = {isinstance(space, spaces.Box) for space in action_spaces}
+    if len(kinds) > 1:
+        raise EnvSpecError(f"{who}: agents mix discrete and continuous actions ({listed}); "
+                           "one shared policy needs all Discrete or all Box action spaces")
+    if kinds == {True}:
+        shapes = {space.shape for space in action_spaces}
+        if len(shapes) > 1:
+            raise EnvSpecError(f"{who}: agents have different action spaces ({listed}); one "
+                               "shared policy needs the same Box shape for every agent")
+        dtype = np.result_type(*(space.dtype for space in action_spaces))
+        return ActionSpec(True, int(action_spaces[0].shape[0]),
+                          low=np.stack([space.low for space in action_spaces]).astype(dtype),
+                          high=np.stack([space.high for space in action_spaces]).astype(dtype),
+                          dtype=dtype)
     sizes = [int(space.n) for space in action_spaces]
     if len(set(sizes)) > 1:
-        listed = ", ".join(f"{n}: {s}" for n, s in zip(names, action_spaces, strict=True))
         raise EnvSpecError(f"{who}: agents have different action spaces ({listed}); one "
                            "shared policy needs the same number of actions for every agent")
-    return sizes[0], [int(space.start) for space in action_spaces]
-
+    return ActionSpec(False, sizes[0],
+                      starts=np.asarray([int(space.start) for space in action_spaces],
+                                        dtype=np.int64))
 
 
 def import_error_hint(module: str, exc: ImportError) -> str:

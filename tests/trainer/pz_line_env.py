@@ -3,7 +3,9 @@
 ``mask="obs"`` gives Dict observations ``{"observation", "action_mask"}`` (PettingZoo's
 convention), ``mask="info"`` puts the mask in ``infos[agent]``; either adds action 2,
 "jump", which is never legal: the env raises if it is taken. ``action_sizes`` and
-``continuous`` make spaces the adapter must refuse.
+``continuous=True`` (a Box agent next to a Discrete one) make spaces the adapter must
+refuse; ``continuous="all"`` gives every agent a Box action in [-1, 1] (``speed`` steps
+right where it is positive; the env raises on an action out of bounds).
 """
 
 import numpy as np
@@ -31,7 +33,7 @@ class LineEnv(ParallelEnv):
         return box
 
     def action_space(self, agent):
-        if self.continuous and agent == "slow":
+        if self.continuous == "all" or (self.continuous and agent == "slow"):
             return spaces.Box(-1, 1, (1,), np.float32)
         return spaces.Discrete(self.sizes[agent])
 
@@ -57,6 +59,10 @@ class LineEnv(ParallelEnv):
         self.t += 1
         rew, term, trunc = {}, {}, {}
         for a, act in actions.items():
+            if self.continuous == "all":
+                if not self.action_space(a).contains(act):
+                    raise RuntimeError(f"action {act!r} of {a} is out of bounds")
+                act = int(act[0] > 0)
             if act == 2:
                 raise RuntimeError(f"illegal action {act} for {a}")
             self.pos[a] = min(self.length - 1, self.pos[a] + act * self.speeds[a])

@@ -252,3 +252,41 @@ def test_unsupported_action_spaces_are_one_line_errors(spec, message):
         make_env(f"gym:box_env:{spec}", 1)
     text = str(info.value)
     assert message in text and "\n" not in text and isinstance(info.value, VrlError)
+
+
+# ---------------------------------------------------------------------- multi-agent
+def _run_two_iterations(env):
+    trainer = Trainer(env, _config(num_envs=2, num_steps=16, total_steps=2 * 16 * env.num_envs,
+                                   update_epochs=1))
+    with torch.no_grad():
+        trainer.agent.actor[-1].log_std.fill_(1.0)  # many samples out of bounds
+    metrics = trainer.train()
+    assert trainer.iteration == 2 and np.isfinite(metrics["losses/policy_loss"])
+    return trainer, metrics
+
+
+def test_a_multi_agent_gym_env_with_box_actions():
+    """A Tuple of Box spaces with different bounds: each agent's actions are clipped to
+    its own Box (the env asserts it), the buffer keeps the raw samples."""
+    env = make_env("gym:box_env:MABox-v0", 2)
+    assert (env.num_envs, env.num_actions, env.continuous_actions) == (4, 2, True)
+    assert env.action_mask is None
+    trainer, metrics = _run_two_iterations(env)
+    assert "env/team_return" in metrics
+    sent = np.stack([pair for copy in env.envs for pair in copy.unwrapped.received])
+    assert sent.shape[1:] == (2, 2) and np.abs(sent[:, 0]).max() == pytest.approx(1.0)
+    assert np.abs(sent[:, 1]).max() == pytest.approx(2.0)
+    assert float(trainer.buffer.actions.abs().max()) > 2.0
+
+
+@pytest.mark.parametrize("mask", [None, "obs", "info"])
+def test_a_pettingzoo_env_with_box_actions(mask):
+    """Every agent has a Box action: the env raises on any action out of bounds, and
+    action masks (which select discrete actions) are not applied."""
+    env = make_env("pettingzoo:pz_line_env:make", 2,
+                   env_kwargs={"continuous": "all", "mask": mask})
+    assert (env.num_envs, env.num_actions, env.continuous_actions) == (4, 1, True)
+    trainer, metrics = _run_two_iterations(env)
+    assert env.action_mask is None and trainer.buffer.action_masks is None
+    assert float(trainer.buffer.actions.abs().max()) > 1.0
+    assert "charts/episodic_return" in metrics

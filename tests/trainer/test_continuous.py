@@ -290,3 +290,16 @@ def test_a_pettingzoo_env_with_box_actions(mask):
     assert env.action_mask is None and trainer.buffer.action_masks is None
     assert float(trainer.buffer.actions.abs().max()) > 1.0
     assert "charts/episodic_return" in metrics
+
+
+def test_greedy_evaluation_takes_the_mean():
+    from trainer.eval import _actor
+
+    torch.manual_seed(0)
+    agent = Agent(3, 2, [8], continuous=True)
+    obs = torch.randn(6, 3)
+    with torch.no_grad():
+        mean = agent.actor(obs)
+    assert torch.equal(_actor(agent, True, 0, torch.device("cpu"))(obs), mean)
+    sampled = _actor(agent, False, 0, torch.device("cpu"))(obs)
+    assert sampled.shape == mean.shape and not torch.equal(sampled, mean)

@@ -202,6 +202,8 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
                                 lr_normalise=not args.no_lr_normalise,
                                 prefix_only=criterion in ("plasticity", "drift"),
                                 max_depth=depth or args.max_depth,
+                                networks=tuple(args.freeze_networks.split(","))
+                                if args.freeze_networks else None,
                                 refresh=args.refresh,
                                 warmup=args.warmup, sync=True)
         ctrl = DirtyLayerController(store, dcfg)
@@ -397,6 +399,9 @@ def main() -> None:
     p.add_argument("--drift", type=float, default=0.6)
     p.add_argument("--max-depth", type=int, default=None,
                    help="prefix arms: freeze at most this many layers per network")
+    p.add_argument("--freeze-networks", default=None,
+                   help="freeze only layers of these networks (comma-separated, e.g. "
+                   "critic; default: any)")
     p.add_argument("--reference", type=int, default=3)
     p.add_argument("--no-lr-normalise", action="store_true",
                    help="plasticity on raw movement (learning-rate annealing counts)")
@@ -489,7 +494,8 @@ def main() -> None:
         f"{args.epochs} epochs x {args.minibatches} minibatches; fine-tune LR "
         f"{args.ft_schedule}; threshold {args.threshold}, plasticity {args.plasticity} "
         f"(reference {args.reference}), drift {args.drift}, window {args.window}, "
-        f"max depth {args.max_depth}, refresh {args.refresh}, warmup {args.warmup}; eval "
+        f"max depth {args.max_depth}, networks {args.freeze_networks or 'any'}, refresh "
+        f"{args.refresh}, warmup {args.warmup}; eval "
         f"on {args.eval_worlds} worlds; torch threads {args.threads}.",
         "", f"This invocation (started {started}, 1-minute load average {load_start:.1f} at "
         f"the start and {load_end:.1f} at the end; wall times noisy, FLOPs and optimizer "

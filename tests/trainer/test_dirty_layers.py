@@ -329,6 +329,18 @@ def test_drift_controller_runs_with_a_real_store(repo):
     assert measured and all(0 < v <= 1.05 for v in measured), ctrl.measures
 
 
+def test_networks_limits_freezing_to_the_named_networks(repo):
+    # the critic may freeze (two layers, input side); the actor keeps training throughout
+    ctrl, _ = run_prefix_controller(repo, DirtyLayerConfig(
+        criterion="drift", window=2, warmup=1, drift=1e9, prefix_only=True, max_depth=2,
+        networks=("critic",), sync=True), 6)
+    decided = [set(f) for _, f in ctrl.history]
+    assert {"critic.0", "critic.2"} in decided, ctrl.history
+    assert not any(name.startswith("actor") for f in decided for name in f), ctrl.history
+    with pytest.raises(ValueError, match="networks must name at least one"):
+        DirtyLayerConfig(networks=())
+
+
 def test_unknown_criterion_is_rejected():
     with pytest.raises(ValueError, match="criterion 'x'.*threshold, plasticity, drift"):
         DirtyLayerConfig(criterion="x")

@@ -17,8 +17,9 @@ Arms (``--arms``): ``full`` (every layer trains), ``threshold`` (the original cr
 one global relative-change threshold, any layer), ``plasticity`` (each layer's recent
 movement over its own earlier movement, read from commit statistics) and ``drift`` (net
 change over path length of a layer's last training iterations); the last two freeze
-input-side prefixes only (at most ``--max-depth`` layers per network), so the backward
-pass stops before the frozen layers. Every arm snapshots every
+input-side prefixes only (at most ``--max-depth`` layers per network; ``ARM:N``, e.g.
+``drift:2``, sets N for that arm alone), so the backward pass stops before the frozen
+layers. Every arm snapshots every
 iteration into its own store. Reported per regime, size and arm (mean +/- std over seeds):
 update wall time, backward wall time (measured in process around ``loss.backward()``),
 update FLOPs and backward FLOPs of the Linear layers (counted from the frozen set of each
@@ -38,8 +39,10 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +62,15 @@ from vrl import Repo
 
 OUT = Path(__file__).parent / "out"
 ARMS = ("full", "threshold", "plasticity", "drift")
+
+
+def parse_arm(spec: str) -> tuple[str, int | None]:
+    """``drift`` -> ("drift", None); ``drift:2`` -> ("drift", 2): that arm's max depth."""
+    name, _, depth = spec.partition(":")
+    if name not in ARMS or (depth and (not depth.isdigit() or int(depth) < 1)):
+        raise ValueError(f"unknown arm {spec!r}; choose from {', '.join(ARMS)}, "
+                         "optionally ARM:N with a max depth N >= 1")
+    return name, int(depth) if depth else None
 
 
 class ComputeCounter(Hook):
@@ -181,13 +193,17 @@ def run(regime: str, hidden: list[int], arm: str, seed: int, args: argparse.Name
     rec = MetricsRecorder()
     hooks: list[Hook] = [store, rec]
     ctrl = None
-    if arm != "full":
-        dcfg = DirtyLayerConfig(criterion=arm, threshold=args.threshold, window=args.window,
+    criterion, depth = parse_arm(arm)
+    if criterion != "full":
+        dcfg = DirtyLayerConfig(criterion=criterion, threshold=args.threshold,
+                                window=args.window,
                                 plasticity=args.plasticity, reference=args.reference,
                                 drift=args.drift,
                                 lr_normalise=not args.no_lr_normalise,
-                                prefix_only=arm in ("plasticity", "drift"),
-                                max_depth=args.max_depth,
+                                prefix_only=criterion in ("plasticity", "drift"),
+                                max_depth=depth or args.max_depth,
+                                networks=tuple(args.freeze_networks.split(","))
+                                if args.freeze_networks else None,
                                 refresh=args.refresh,
                                 warmup=args.warmup, sync=True)
         ctrl = DirtyLayerController(store, dcfg)
@@ -383,6 +399,9 @@ def main() -> None:
     p.add_argument("--drift", type=float, default=0.6)
     p.add_argument("--max-depth", type=int, default=None,
                    help="prefix arms: freeze at most this many layers per network")
+    p.add_argument("--freeze-networks", default=None,
+                   help="freeze only layers of these networks (comma-separated, e.g. "
+                   "critic; default: any)")
     p.add_argument("--reference", type=int, default=3)
     p.add_argument("--no-lr-normalise", action="store_true",
                    help="plasticity on raw movement (learning-rate annealing counts)")
@@ -409,8 +428,15 @@ def main() -> None:
     args = p.parse_args()
     args.hidden = args.hidden or [[128, 128]]
     arms = [a for a in args.arms.split(",") if a]
-    if set(arms) - set(ARMS):
-        p.error(f"unknown arm(s) {sorted(set(arms) - set(ARMS))}; choose from {ARMS}")
+    for arm in arms:
+        try:
+            parse_arm(arm)
+        except ValueError as exc:
+            p.error(str(exc))
+    # recorded with the results, so every row can be traced to the command that made it
+    command = "python " + shlex.join([sys.argv[0], *sys.argv[1:]])
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="vrl-dirty-"))
     if args.quick:
         args.seeds, args.envs, args.agents, args.ft_agents, args.steps = 1, 1, 4, 6, 32
@@ -437,8 +463,9 @@ def main() -> None:
                             r["arm"] = f"{arm}-{args.label}"
                         rows.append(r)
                         # after every run, so a long invocation's finished runs are kept
-                        json_path.write_text(json.dumps({"args": vars(args), "runs": rows},
-                                                        indent=1))
+                        json_path.write_text(json.dumps(
+                            {"command": command, "args": vars(args), "runs": rows},
+                            indent=1))
                         print(f"{regime} {hidden} seed {seed} {arm:10s}: update "
                               f"{r['update_s']:.1f}s backward {r['backward_s']:.1f}s "
                               f"GFLOPs {r['update_gflops']:.1f} return "
@@ -447,10 +474,17 @@ def main() -> None:
                               f"store {r['store_mb']:.1f} MB", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    load_end = os.getloadavg()[0]
+    invocations, notes = [], []  # the included outputs' commands and notes, listed below
     for earlier in args.include:  # tabulated, not written into this output's runs
         ours = {(r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) for r in rows}
-        rows += [r for r in json.loads(Path(earlier).read_text())["runs"]
+        data = json.loads(Path(earlier).read_text())
+        rows += [r for r in data["runs"]
                  if (r["regime"], tuple(r["hidden"]), r["arm"], r["seed"]) not in ours]
+        invocations += [i["command"] for i in data.get("invocations", [])]
+        if "command" in data:
+            invocations.append(data["command"])
+        notes.append(data.get("note", ""))
     lines = table(rows) + [""] + savings(rows) + [
         "", f"{args.seeds} seeds; {args.algo}; fine-tune {args.iterations} and scratch "
         f"{args.scratch_iterations} iterations of {args.envs} worlds x {args.steps} steps "
@@ -460,8 +494,16 @@ def main() -> None:
         f"{args.epochs} epochs x {args.minibatches} minibatches; fine-tune LR "
         f"{args.ft_schedule}; threshold {args.threshold}, plasticity {args.plasticity} "
         f"(reference {args.reference}), drift {args.drift}, window {args.window}, "
-        f"max depth {args.max_depth}, refresh {args.refresh}, warmup {args.warmup}; eval "
-        f"on {args.eval_worlds} worlds; torch threads {args.threads}."]
+        f"max depth {args.max_depth}, networks {args.freeze_networks or 'any'}, refresh "
+        f"{args.refresh}, warmup {args.warmup}; eval "
+        f"on {args.eval_worlds} worlds; torch threads {args.threads}.",
+        "", f"This invocation (started {started}, 1-minute load average {load_start:.1f} at "
+        f"the start and {load_end:.1f} at the end; wall times noisy, FLOPs and optimizer "
+        f"steps exact): `{command}`"]
+    if invocations:
+        lines += ["", f"Included rows ({', '.join(args.include)}) come from these "
+                  "invocations. " + " ".join(n for n in notes if n), ""] + [
+                      f"- `{c}`" for c in invocations]
     md_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -81,6 +81,9 @@ class DirtyLayerConfig:
     max_depth: int | None = None
     """with prefix_only: freeze at most this many layers of each network, front to back
     (None: no limit)"""
+    networks: tuple[str, ...] | None = None
+    """freeze only layers of these networks, e.g. ("critic",) so the policy keeps all of
+    its plasticity (None: any network)"""
     refresh: int = 10
     """every `refresh` iterations of this run all layers train (so frozen layers can come
     back)"""
@@ -103,6 +106,9 @@ class DirtyLayerConfig:
             raise ValueError("dirty-layer window, reference and refresh must be >= 1")
         if self.max_depth is not None and self.max_depth < 1:
             raise ValueError("dirty-layer max_depth must be >= 1 (or None: no limit)")
+        if self.networks is not None and not self.networks:
+            raise ValueError("dirty-layer networks must name at least one network "
+                             "(or be None: any network)")
 
 
 def layer_order(name: str) -> tuple[str, int]:
@@ -230,6 +236,8 @@ class DirtyLayerController(Hook):
             ranked = sorted(layers, key=lambda n: changes.get(n) or 0.0, reverse=True)
             dirty.update(ranked[:cfg.min_active])
         frozen = set(layers) - dirty
+        if cfg.networks is not None:
+            frozen = {name for name in frozen if layer_order(name)[0] in cfg.networks}
         if cfg.prefix_only:
             frozen = input_side_prefixes(layers, frozen, cfg.max_depth)
         return frozen

@@ -329,6 +329,18 @@ def test_drift_controller_runs_with_a_real_store(repo):
     assert measured and all(0 < v <= 1.05 for v in measured), ctrl.measures
 
 
+def test_networks_limits_freezing_to_the_named_networks(repo):
+    # the critic may freeze (two layers, input side); the actor keeps training throughout
+    ctrl, _ = run_prefix_controller(repo, DirtyLayerConfig(
+        criterion="drift", window=2, warmup=1, drift=1e9, prefix_only=True, max_depth=2,
+        networks=("critic",), sync=True), 6)
+    decided = [set(f) for _, f in ctrl.history]
+    assert {"critic.0", "critic.2"} in decided, ctrl.history
+    assert not any(name.startswith("actor") for f in decided for name in f), ctrl.history
+    with pytest.raises(ValueError, match="networks must name at least one"):
+        DirtyLayerConfig(networks=())
+
+
 def test_unknown_criterion_is_rejected():
     with pytest.raises(ValueError, match="criterion 'x'.*threshold, plasticity, drift"):
         DirtyLayerConfig(criterion="x")
@@ -436,3 +448,49 @@ def test_dvc_stage_command_is_consistent_with_params_and_runs(stage, tmp_path):
     subprocess.run([sys.executable, *argv[1:], "--quick"], check=True, env=env, cwd=ROOT,
                    timeout=600, capture_output=True)
     assert "| full |" in out.with_suffix(".md").read_text()
+
+
+def test_bench_arm_spec_sets_that_arms_max_depth():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from dirty_layers_bench import parse_arm
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert parse_arm("drift") == ("drift", None)
+    assert parse_arm("drift:2") == ("drift", 2)
+    for bad in ("drift:0", "drift:x", "nope", "nope:2"):
+        with pytest.raises(ValueError, match="unknown arm"):
+            parse_arm(bad)
+
+
+@pytest.mark.slow
+def test_bench_keeps_included_rows_and_records_commands(tmp_path):
+    # a stage that overwrites its output must not lose the rows of other settings tried:
+    # --include tabulates them (with their commands and note) next to the new rows
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bench = [sys.executable, str(ROOT / "bench/dirty_layers_bench.py"), "--quick",
+             "--regime", "finetune"]
+    first = tmp_path / "first"
+    subprocess.run([*bench, "--arms", "full", "--out", str(first)], check=True, env=env,
+                   timeout=300, capture_output=True)
+    data = json.loads(first.with_suffix(".json").read_text())
+    assert "--arms full" in data["command"]
+    for r in data["runs"]:
+        r["regime"] = "finetune, earlier"
+    tried = tmp_path / "tried.json"
+    tried.write_text(json.dumps({"note": "Measured elsewhere.", "runs": data["runs"],
+                                 "invocations": [{"command": "python old --x"}]}))
+    second = tmp_path / "second"
+    subprocess.run([*bench, "--arms", "full,drift:1", "--drift", "1.01", "--out",
+                    str(second), "--include", str(tried)], check=True, env=env,
+                   timeout=300, capture_output=True)
+    text = second.with_suffix(".md").read_text()
+    assert "| finetune | 16 | drift:1 |" in text and "| finetune, earlier | 16 | full |" in text
+    assert "Measured elsewhere." in text and "- `python old --x`" in text
+    assert "--arms full,drift:1" in text
+    assert len(json.loads(second.with_suffix(".json").read_text())["runs"]) == 2
+    bad = subprocess.run([*bench, "--arms", "drift:0", "--out", str(tmp_path / "x")],
+                         env=env, timeout=60, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown arm 'drift:0'" in bad.stderr

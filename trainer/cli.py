@@ -28,7 +28,8 @@ HELP = {"help_option_names": ["-h", "--help"]}
 RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
                "best_metric", "dirty_layers", "dirty_threshold", "dirty_window",
                "dirty_refresh", "dirty_criterion", "dirty_drift", "dirty_warmup",
-               "dirty_prefix_only", "dirty_max_depth", "progress", "log_every")
+               "dirty_prefix_only", "dirty_max_depth", "dirty_networks", "progress",
+               "log_every")
 
 
 class Terminated(Exception):
@@ -205,6 +206,9 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
               help="freeze only input-side layers (the backward pass stops before them)")
 @click.option("--dirty-max-depth", type=int, default=None,
               help="with --dirty-prefix-only: freeze at most N layers of each network")
+@click.option("--dirty-networks", default=None, metavar="NAMES",
+              help="freeze only layers of these networks, comma-separated (e.g. critic: "
+              "the policy keeps all its plasticity); default: any network")
 @click.pass_context
 def train(ctx: click.Context, **options: Any) -> None:
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains.
@@ -222,7 +226,24 @@ def train(ctx: click.Context, **options: Any) -> None:
         _train(ctx, latch, **options)
 
 
+NETWORKS = ("actor", "critic")  # the policy's networks (trainer.agent.Agent)
+
+
+def _networks(names: str | None) -> tuple[str, ...] | None:
+    """--dirty-networks as a tuple of network names, or a one-line error."""
+    if names is None:
+        return None
+    chosen = tuple(n.strip() for n in names.split(",") if n.strip())
+    unknown = [n for n in chosen if n not in NETWORKS]
+    if not chosen or unknown:
+        raise click.ClickException(f"--dirty-networks: {', '.join(unknown) or 'nothing'} "
+                                   f"is not a network of the policy; choose from "
+                                   f"{', '.join(NETWORKS)}")
+    return chosen
+
+
 def _check_run_options(o: dict[str, Any]) -> None:
+    _networks(o["dirty_networks"])
     for name, low in (("iterations", 1), ("snapshot_every", 1), ("keep_last", 1),
                       ("threads", 1), ("log_every", 0), ("dirty_window", 1),
                       ("dirty_refresh", 1), ("dirty_warmup", 0), ("dirty_max_depth", 1)):
@@ -464,7 +485,8 @@ def _store_hooks(trainer, repo, run, o):
             threshold=o["dirty_threshold"], window=o["dirty_window"],
             refresh=o["dirty_refresh"], criterion=o["dirty_criterion"],
             drift=o["dirty_drift"], warmup=o["dirty_warmup"],
-            prefix_only=o["dirty_prefix_only"], max_depth=o["dirty_max_depth"])))
+            prefix_only=o["dirty_prefix_only"], max_depth=o["dirty_max_depth"],
+            networks=_networks(o["dirty_networks"]))))
     trainer.hooks[:0] = hooks
     if continuing:
         note = f" (continuing at iteration {trainer.iteration}, step {trainer.global_step})"

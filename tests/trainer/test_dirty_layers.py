@@ -403,6 +403,19 @@ def test_vrl_train_dirty_drift_max_depth_and_warmup_flags(ws, capsys):
     assert set().union(*frozen) == {"actor.0", "critic.0"}, frozen
     assert main(["train", *small, "--dirty-layers", "--dirty-max-depth", "0"]) != 0
     assert "--dirty-max-depth must be at least 1" in capsys.readouterr().err
+    # --dirty-networks critic: only the critic's layers (its trunk, front to back) freeze
+    code = main(["train", *small, "--steps", str(8 * 2 * 16 * 4), "--branch", "c",
+                 "--dirty-layers", "--dirty-criterion", "drift", "--dirty-drift", "1.01",
+                 "--dirty-prefix-only", "--dirty-max-depth", "2", "--dirty-warmup", "3",
+                 "--dirty-window", "2", "--dirty-refresh", "100", "--dirty-networks", "critic"])
+    assert code == 0, capsys.readouterr().err
+    frozen = [set(e.commit.meta["frozen_layers"]) for e in Repo(ws).log("c")][::-1]
+    assert set().union(*frozen) == {"critic.0", "critic.2"}, frozen
+    heads = Repo(ws).branches()
+    assert main(["train", *small, "--dirty-layers", "--dirty-networks", "critc"]) != 0
+    assert "critc is not a network of the policy; choose from actor, critic" in \
+        capsys.readouterr().err
+    assert Repo(ws).branches() == heads  # refused before any run was started
 
 
 def test_warmup_and_refresh_count_from_the_branch_point_not_the_snapshot_counter(repo):

@@ -11,6 +11,7 @@ from test_continuous import TorchTargetEnv
 from test_trainer import params, small_warehouse_trainer
 
 from trainer.config import GSPOConfig, PPOConfig
+from trainer.distributed import DistContext
 from trainer.envs import make_env
 from trainer.hooks import MetricsRecorder
 from trainer.normalize import EPS, Normalizer, RunningMeanStd
@@ -33,6 +34,36 @@ def test_running_statistics_equal_numpys_over_the_same_data():
         assert rms.count == start
     rms.update(torch.zeros(0, 3))  # an empty batch (every agent finished) changes nothing
     assert rms.count == start
+
+
+class TwoRanks(DistContext):
+    """Rank 0 of two; the other rank's observation batches are given (its all-reduce
+    contribution is computed from them)."""
+
+    def __init__(self, others):
+        super().__init__(rank=0, world_size=2)
+        object.__setattr__(self, "others", list(others))
+
+    def all_reduce_mean(self, tensors):
+        (t,) = tensors
+        x = self.others.pop(0).double()
+        theirs = torch.cat([torch.tensor([float(len(x))], dtype=torch.float64), x.sum(0),
+                            (x * x).sum(0)])
+        t.copy_((t + theirs) / 2)
+
+
+def test_under_torchrun_every_rank_merges_the_batches_of_all_ranks():
+    rng = np.random.default_rng(1)
+    mine = [rng.normal(5, 2, (n, 2)) for n in (3, 0, 5)]
+    theirs = [rng.normal(-1, 3, (n, 2)) for n in (4, 2, 0)]
+    rms = RunningMeanStd((2,))
+    dist = TwoRanks([torch.as_tensor(b) for b in theirs])
+    for batch in mine:
+        rms.update(torch.as_tensor(batch), dist)
+    seen = np.concatenate(mine + theirs)
+    np.testing.assert_allclose(rms.mean.numpy(), seen.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(rms.var.numpy(), seen.var(0), rtol=1e-5)
+    assert rms.count == len(seen)
 
 
 class RampEnv:

@@ -75,6 +75,17 @@ class PPOConfig:
     """hidden layer widths of the actor and the critic MLPs"""
     adam_eps: float = 1e-5
     """Adam epsilon (CleanRL uses 1e-5, not PyTorch's 1e-8)"""
+    norm_obs: bool = False
+    """normalise observations by their running per-feature mean and std (Gymnasium's
+    NormalizeObservation, as CleanRL's ppo_continuous_action.py), clipped to +-clip_obs;
+    the statistics are part of the snapshot and frozen at evaluation"""
+    clip_obs: float = 10.0
+    """clip normalised observations to [-clip_obs, clip_obs] (with norm_obs)"""
+    norm_reward: bool = False
+    """scale rewards by the running std of each slot's discounted return (Gymnasium's
+    NormalizeReward), clipped to +-clip_reward; logged returns stay the env's"""
+    clip_reward: float = 10.0
+    """clip scaled rewards to [-clip_reward, clip_reward] (with norm_reward)"""
     eval_interval: int = 0
     """evaluate every this many iterations (0: never)"""
     eval_episodes: int = 10
@@ -175,6 +186,8 @@ RANGES: dict[str, str] = {
     "target_kl": "(0, inf)",
     "hidden_sizes": "[1, inf)",  # each width
     "adam_eps": "(0, inf)",
+    "clip_obs": "(0, inf)",
+    "clip_reward": "(0, inf)",
     "eval_interval": "[0, inf)",
     "eval_episodes": "[1, inf)",
     "hessian_interval": "[1, inf)",

@@ -12,6 +12,7 @@ shortest-path controller (:mod:`trainer.envs.baseline`) runs on the same worlds.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,9 +68,28 @@ def _env_kwargs(spec: str, config: Any) -> dict[str, Any]:
     return kwargs
 
 
+ObsFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def frozen_obs_normalizer(state: dict[str, Any], config: Any, device: torch.device) -> ObsFn:
+    """What the snapshot's policy saw: with ``norm_obs``, observations normalised by the
+    running statistics stored with it (frozen: evaluation does not update them); else
+    the env's observations as they are. A snapshot without statistics (``norm_obs`` but
+    saved before any observation) normalises nothing."""
+    from trainer.normalize import normalize_obs
+
+    stats = (state.get("normalizer") or {}).get("obs") if config.norm_obs else None
+    if not isinstance(stats, dict):
+        return lambda obs: obs
+    mean = torch.as_tensor(stats["mean"]).to(device, torch.float64)
+    var = torch.as_tensor(stats["var"]).to(device, torch.float64)
+    return lambda obs: normalize_obs(obs, mean, var, config.clip_obs)
+
+
 def load_policy(repo: Repo, rev: str, env: Any, env_spec: str, run: StoredRun,
-                device: torch.device) -> torch.nn.Module:
-    """The snapshot's actor-critic, checked against ``env`` and loaded from the store."""
+                device: torch.device) -> tuple[torch.nn.Module, ObsFn]:
+    """The snapshot's actor-critic, checked against ``env`` and loaded from the store,
+    and the observation normalisation it was trained with (:func:`frozen_obs_normalizer`)."""
     from trainer.agent import Agent
     from trainer.config import config_from_dict
 
@@ -81,10 +101,11 @@ def load_policy(repo: Repo, rev: str, env: Any, env_spec: str, run: StoredRun,
                   continuous=continuous_of(env))
     check_policy_fits(state["model"], agent.state_dict(), run, rev, env, env_spec)
     agent.load_state_dict({k: torch.as_tensor(v) for k, v in state["model"].items()})
-    return agent.to(device).eval()
+    return agent.to(device).eval(), frozen_obs_normalizer(state, config, device)
 
 
-def _actor(agent: torch.nn.Module, greedy: bool, seed: int, device: torch.device):
+def _actor(agent: torch.nn.Module, greedy: bool, seed: int, device: torch.device,
+           obs_fn: ObsFn | None = None):
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
 
@@ -92,8 +113,9 @@ def _actor(agent: torch.nn.Module, greedy: bool, seed: int, device: torch.device
     def act(obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # masked logits: greedy and sampled actions are both legal where the env masks
         mask = None if mask is None else mask.to(device)
+        obs = obs.to(device)
         action, _, _, _, logits = agent.get_action_and_value(
-            obs.to(device), generator=generator, action_mask=mask)
+            obs if obs_fn is None else obs_fn(obs), generator=generator, action_mask=mask)
         if not greedy:
             return action
         # deterministic: the most likely action, or the Gaussian's mean (continuous)
@@ -140,8 +162,8 @@ def evaluate(repo: Repo, rev: str, *, episodes: int = 10, greedy: bool = False,
     dev = torch.device(device)
     warehouse = spec == "warehouse"
     env = _make(make_env, spec, episodes if warehouse else 1, dev, seed, kwargs)
-    agent = load_policy(repo, rev, env, spec, run, dev)
-    per_episode = run_episodes(env, _actor(agent, greedy, seed, dev), episodes, seed)
+    agent, obs_fn = load_policy(repo, rev, env, spec, run, dev)
+    per_episode = run_episodes(env, _actor(agent, greedy, seed, dev, obs_fn), episodes, seed)
     result = EvalResult(rev=rev, commit=run.commit, env_spec=spec, algo=run.algo,
                         iteration=run.iteration, step=run.step, episodes=episodes,
                         greedy=greedy, seed=seed, policy=_summary(per_episode),
@@ -152,7 +174,7 @@ def evaluate(repo: Repo, rev: str, *, episodes: int = 10, greedy: bool = False,
         worlds = _make(make_env, spec, episodes, dev, seed, kwargs)
         result.baseline = _summary(run_baseline(worlds, seed=seed, episodes=1)[:episodes])
     if gif is not None:
-        _write_gif(make_env, spec, kwargs, agent, greedy, seed, dev, gif)
+        _write_gif(make_env, spec, kwargs, agent, greedy, seed, dev, gif, obs_fn)
         result.gif = gif
     return result
 
@@ -169,12 +191,13 @@ def _make(make_env: Any, spec: str, n: int, dev: torch.device, seed: int,
 
 
 def _write_gif(make_env: Any, spec: str, kwargs: dict[str, Any], agent: torch.nn.Module,
-               greedy: bool, seed: int, dev: torch.device, path: str) -> None:
+               greedy: bool, seed: int, dev: torch.device, path: str,
+               obs_fn: ObsFn | None = None) -> None:
     """One episode as an animated GIF: the warehouse's renderer, or Gymnasium's
     ``rgb_array`` render mode."""
     from trainer.envs.warehouse import record_episode, save_gif
 
-    act = _actor(agent, greedy, seed, dev)
+    act = _actor(agent, greedy, seed, dev, obs_fn)
     if spec == "warehouse":
         env = _make(make_env, spec, 1, dev, seed, kwargs)
         env.reset(seed=seed)

@@ -30,6 +30,7 @@ from trainer.devices import Precision, manual_seed_all, rng_state, set_rng_state
 from trainer.distributed import DistContext
 from trainer.envs.base import VecEnv, action_mask_of, alive_of, continuous_of, state_dict_of
 from trainer.hooks import Hook
+from trainer.normalize import Normalizer
 
 STATE_VERSION = 1
 RETURN_METRIC = "charts/return"
@@ -106,7 +107,14 @@ class Trainer:
         self._frozen: set[str] = set()
         self._stop = False
         self._planned_steps: int | None = None  # set once rows of finished agents appear
+        # observation/reward normalisation (off by default); `next_obs` stays the env's raw
+        # observation, the policy and the buffer get `normalizer.obs(...)` of it
+        self.normalizer = Normalizer(env.num_envs, env.obs_dim, norm_obs=config.norm_obs,
+                                     norm_reward=config.norm_reward, gamma=config.gamma,
+                                     clip_obs=config.clip_obs, clip_reward=config.clip_reward,
+                                     device=self.device, dist=self.dist)
         self.next_obs = env.reset(seed=rank_seed)
+        self.normalizer.observe(self.next_obs, alive_of(env))
         masked = action_mask_of(env) is not None and not continuous
         self.buffer = RolloutBuffer.allocate(config.num_steps, env.num_envs, env.obs_dim,
                                              self.device, env.num_actions if masked else None,
@@ -186,10 +194,12 @@ class Trainer:
     def collect_rollout(self) -> list[dict[str, float]]:
         """Fill the buffer with ``num_steps`` steps; returns the finished episodes."""
         buf, env, cfg = self.buffer, self.env, self.config
+        norm = self.normalizer
         episodes: list[dict[str, float]] = []
         next_obs = self.next_obs
         for step in range(cfg.num_steps):
-            buf.obs[step] = next_obs
+            obs = norm.obs(next_obs)
+            buf.obs[step] = obs
             alive, mask = alive_of(env), action_mask_of(env)
             buf.alive[step] = True if alive is None else alive.to(self.device)
             if mask is not None:
@@ -197,16 +207,21 @@ class Trainer:
                 buf.action_masks[step] = mask
             with self.precision.autocast():
                 action, logprob, _, value, _ = self.agent.get_action_and_value(
-                    next_obs, generator=self.action_generator, action_mask=mask)
+                    obs, generator=self.action_generator, action_mask=mask)
             buf.values[step] = value
             buf.actions[step] = action
             buf.logprobs[step] = logprob
             next_obs, reward, terminated, truncated, info = env.step(action)
+            # the statistics see every observation once, when it arrives (then normalised
+            # with them, as Gymnasium's NormalizeObservation does)
+            norm.observe(next_obs, alive_of(env))
             reward = reward.to(self.device).float()
+            # logged returns (info["episodes"]) stay the env's; the update sees scaled ones
+            reward = norm.reward(reward, terminated | truncated, alive)
             if "final_obs" in info:
                 # a time limit is not a terminal state: bootstrap with V(final_obs)
                 with self.precision.autocast():
-                    final_value = self.agent.get_value(info["final_obs"])
+                    final_value = self.agent.get_value(norm.obs(info["final_obs"]))
                 bootstrap = (truncated & ~terminated).to(self.device)
                 reward = reward + cfg.gamma * final_value * bootstrap
             buf.rewards[step] = reward
@@ -224,7 +239,7 @@ class Trainer:
         self.global_step += steps
         t1 = time.perf_counter()
         with torch.no_grad(), self.precision.autocast():
-            next_value = self.agent.get_value(self.next_obs)
+            next_value = self.agent.get_value(self.normalizer.obs(self.next_obs))
         progress = (self.iteration - 1) / self.num_iterations
         metrics = self.algo.update(self.buffer, next_value.float(), progress)
         t2 = time.perf_counter()
@@ -282,8 +297,9 @@ class Trainer:
         obs = env.reset(seed=self.config.seed + 104_729)
         episodes: list[dict[str, float]] = []
         for _ in range(max_steps):
-            with self.precision.autocast():
-                action, *_ = self.agent.get_action_and_value(obs, generator=gen,
+            with self.precision.autocast():  # normalised with the statistics as they are
+                action, *_ = self.agent.get_action_and_value(self.normalizer.obs(obs),
+                                                             generator=gen,
                                                              action_mask=action_mask_of(env))
             obs, _, _, _, info = env.step(action)
             episodes.extend(info.get("episodes", ()))
@@ -328,6 +344,8 @@ class Trainer:
             "next_obs": self.next_obs.detach().clone(),
             "episode_returns": list(self.episode_returns),
             "frozen_layers": sorted(self._frozen),
+            # running statistics of norm_obs/norm_reward (an empty dict: both off)
+            "normalizer": self.normalizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any], restore_env: bool = True) -> None:
@@ -351,12 +369,19 @@ class Trainer:
         self.action_generator.set_state(state["rng"]["action"].cpu())
         self.update_generator.set_state(state["rng"]["update"].cpu())
         set_rng_state(state["rng"]["global"])
-        if restore_env and state["env"] is not None and hasattr(self.env, "load_state_dict"):
+        restored = (restore_env and state["env"] is not None
+                    and hasattr(self.env, "load_state_dict"))
+        # absent (a snapshot from before normalisation, or with it off): fresh statistics
+        self.normalizer.load_state_dict(state.get("normalizer"), restore_returns=restored)
+        if restored:
             self.env.load_state_dict(state["env"])
             self.next_obs = state["next_obs"].to(self.device).clone()
+            if "obs" not in (state.get("normalizer") or {}):
+                self.normalizer.observe(self.next_obs, alive_of(self.env))  # fresh statistics
         else:
             # not snapshottable: start fresh episodes, seeded by the iteration
             self.next_obs = self.env.reset(seed=self.config.seed + 7919 * self.dist.rank
                                            + 1_000_003 * self.iteration)
+            self.normalizer.observe(self.next_obs, alive_of(self.env))
         self.episode_returns = deque(state["episode_returns"],
                                      maxlen=max(100, self.return_window))

@@ -11,7 +11,8 @@ from trainer.cli import train
 from trainer.config import ConfigError, GSPOConfig, PPOConfig, load_config
 from trainer.presets import list_presets, load_preset, preset_algo
 
-SHIPPED = ["cleanrl", "gspo", "gspo-radius", "gspo-replay", "gspo-shaper", "warehouse"]
+SHIPPED = ["cleanrl", "continuous", "gspo", "gspo-radius", "gspo-replay", "gspo-shaper",
+           "warehouse"]
 
 
 def test_shipped_presets_load_as_valid_configs():
@@ -26,7 +27,8 @@ def test_shipped_presets_load_as_valid_configs():
 
 
 def test_unknown_preset_names_the_choices():
-    with pytest.raises(ConfigError, match="unknown preset 'nope'; choose from cleanrl, gspo"):
+    with pytest.raises(ConfigError,
+                       match="unknown preset 'nope'; choose from cleanrl, continuous, gspo"):
         load_config("ppo", preset="nope")
 
 

@@ -8,6 +8,16 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 
 
+@pytest.fixture(autouse=True)
+def _restore_cwd():
+    """Every test starts where the last one started: `vrl -C DIR` (run in-process by CLI
+    tests) changes the process's directory, and a test that left it inside a mount it
+    then unmounted would make every later test of the worker fail in os.getcwd()."""
+    cwd = os.getcwd()
+    yield
+    os.chdir(cwd)
+
+
 @pytest.fixture
 def repo(tmp_path):
     from vrl import Repo

@@ -53,8 +53,12 @@ def interleaved(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, fl
     """Median wall time of each contender, run in turn round after round (load changes
     hit them alike); what a contender returns is freed after its clock stops."""
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(runs):
-        for key, fn in fns.items():
+    keys = list(fns)
+    for i in range(runs):
+        # the order rotates: each contender follows each other one equally often (what the
+        # one before leaves behind - page tables to tear down, caches - hits all alike)
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            fn = fns[key]
             start = time.perf_counter()
             out = fn()
             times[key].append(time.perf_counter() - start)

@@ -146,7 +146,9 @@ class TorchTargetEnv:
         pass
 
 
-@pytest.mark.parametrize("cls, kw", [(PPOConfig, {}), (GSPOConfig, {"hessian_interval": 1})])
+@pytest.mark.parametrize("cls, kw", [
+    (PPOConfig, {}), (GSPOConfig, {"hessian_interval": 1}),
+    (PPOConfig, {"norm_obs": True, "norm_reward": True})], ids=["ppo", "gspo", "normalised"])
 def test_resume_is_bit_identical_to_a_straight_run(cls, kw):
     cfg = _config(cls, total_steps=4 * 16 * 4, **kw)
     straight = Trainer(TorchTargetEnv(4), cfg)
@@ -158,8 +160,10 @@ def test_resume_is_bit_identical_to_a_straight_run(cls, kw):
     resumed.train()
     a, b = straight.state_dict(), resumed.state_dict()
     assert a["iteration"] == b["iteration"] == 4
-    for key in ("model", "algo", "rng", "env", "episode_returns"):
+    for key in ("model", "algo", "rng", "env", "episode_returns", "normalizer"):
         assert_same(a[key], b[key], key)
+    if kw.get("norm_obs"):
+        assert a["normalizer"]["obs"]["count"] == 4 * (16 * 4 + 1)
     assert not torch.equal(a["model"]["actor.2.log_std"], torch.zeros(2))  # it trained
 
 

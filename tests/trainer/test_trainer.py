@@ -1,5 +1,6 @@
 import pytest
 import torch
+from helpers import assert_same
 
 from trainer.config import GSPOConfig, PPOConfig
 from trainer.envs.warehouse import WarehouseEnv
@@ -54,12 +55,20 @@ def params(trainer):
     return [p.detach().clone() for p in trainer.agent.parameters()]
 
 
+@pytest.mark.parametrize("norm", [False, True], ids=["raw", "normalised"])
 @pytest.mark.parametrize("config_cls", [PPOConfig, GSPOConfig])
-def test_resume_from_state_dict_is_bit_identical(config_cls):
+def test_resume_from_state_dict_is_bit_identical(config_cls, norm):
+    """Also with observation and reward normalisation: their running statistics are part
+    of the state."""
     extra = {} if config_cls is PPOConfig else {"hessian_interval": 2}
+    if norm:
+        extra.update(norm_obs=True, norm_reward=True)
     a = small_warehouse_trainer(config_cls, **extra)
     a.train(iterations=2)
     state = a.state_dict()  # no copy: the snapshot must not alias live tensors
+    if norm:
+        assert state["normalizer"]["obs"]["count"] > 0 and \
+            "returns" in state["normalizer"]["reward"]
     rec_a = MetricsRecorder()
     a.hooks.append(rec_a)
     a.train()
@@ -70,6 +79,7 @@ def test_resume_from_state_dict_is_bit_identical(config_cls):
     b.train()
     assert a.iteration == b.iteration == 6
     assert all(torch.equal(x, y) for x, y in zip(params(a), params(b), strict=True))
+    assert_same(a.state_dict()["normalizer"], b.state_dict()["normalizer"])
     strip = lambda m: {k: v for k, v in m.items() if not k.startswith(("perf/", "charts/SPS"))}  # noqa: E731
     assert [strip(m) for m in rec_a.iterations] == [strip(m) for m in rec_b.iterations]
 

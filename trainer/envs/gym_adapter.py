@@ -207,12 +207,7 @@ class GymVecEnv:
         return self._tensor(self._obs.copy())
 
     def step(self, actions: torch.Tensor):
-        if self.continuous_actions:
-            acts = self._actions.clip(
-                actions.view(self.num_copies, self.num_agents, -1).cpu().numpy())
-        else:
-            acts = (actions.view(self.num_copies, self.num_agents).cpu().numpy()
-                    + self._actions.starts)
+        acts = self._actions.env_actions(actions, self.num_copies, self.num_agents)
         shape = (self.num_copies, self.num_agents)
         reward = np.zeros(shape, dtype=np.float32)
         terminated = np.ones(shape, dtype=bool)  # rows of finished agents stay terminated

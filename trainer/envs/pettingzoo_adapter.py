@@ -117,12 +117,7 @@ class PettingZooVecEnv:
         return self._tensor(self._obs.copy())
 
     def step(self, actions: torch.Tensor):
-        if self.continuous_actions:
-            acts = self._actions.clip(
-                actions.view(self.num_worlds, self.num_agents, -1).cpu().numpy())
-        else:
-            acts = (actions.view(self.num_worlds, self.num_agents).cpu().numpy()
-                    + self._actions.starts)
+        acts = self._actions.env_actions(actions, self.num_worlds, self.num_agents)
         shape = (self.num_worlds, self.num_agents)
         reward = np.zeros(shape, dtype=np.float32)
         terminated = np.zeros(shape, dtype=bool)

@@ -88,10 +88,15 @@ class ActionSpec:
     dtype: Any = None
     """continuous: the Box's dtype, the one the env receives"""
 
-    def clip(self, actions: np.ndarray) -> np.ndarray:
-        """``(copies, agents, k)`` sampled actions clipped to each agent's bounds, in
-        the Box's dtype (what the env receives; the policy trains on the raw sample)."""
-        return np.clip(actions, self.low, self.high).astype(self.dtype, copy=False)
+    def env_actions(self, actions: Any, copies: int, agents: int) -> np.ndarray:
+        """The policy's actions (a tensor, one row per copy and agent) as the envs
+        receive them: discrete ones ``(copies, agents)`` shifted by each agent's
+        Discrete ``start``; continuous ones ``(copies, agents, k)`` clipped to each
+        agent's bounds in the Box's dtype (the policy trains on the raw sample)."""
+        if not self.continuous:
+            return actions.view(copies, agents).cpu().numpy() + self.starts
+        raw = actions.view(copies, agents, -1).cpu().numpy()
+        return np.clip(raw, self.low, self.high).astype(self.dtype, copy=False)
 
 
 def action_spec(action_spaces: Sequence[Any], names: Sequence[str], who: str) -> ActionSpec:

@@ -65,3 +65,16 @@ def edit_object(repo: Any, oid: str, edit: Any) -> None:
 def remove_object(repo: Any, oid: str) -> None:
     """Lose an object (loose or packed), as a damaged disk would."""
     assert repo.objects.delete_many([oid])[0] == 1
+
+
+def before_ref_moves(repo: Any, action: Any) -> None:
+    """Run `action()` each time `repo` is about to move a ref for a commit (its
+    compare-and-swap): through the commit journal, or through `refs.update` without it."""
+    target, name = (repo.journal, "commit") if repo._journaled else (repo.refs, "update")
+    real = getattr(target, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        action()
+        return real(*args, **kwargs)
+
+    setattr(target, name, wrapped)

@@ -1,4 +1,5 @@
-"""The durable-commit protocol of a small commit: what is fsynced with what, and the reflog
+"""The durable-commit protocols of a small commit: the commit journal's one fdatasync, and
+without it (core.journal = false, or no boot id) what is fsynced with what, and the reflog
 line a power cut can leave behind (refs.interrupted). The whole protocol is swept at every
 power cut by tests/test_powercut.py; these pin the pieces that make it cheap."""
 
@@ -24,7 +25,8 @@ def test_pack_directory_is_synced_together_with_the_ref_files(tmp_path, monkeypa
     """The pack's directory entry is fsynced in the same round as the ref's temp file and
     reflog lines (one journal commit), not in a round of its own before the ref is
     written: when it is fsynced, the ref's temp file already exists."""
-    repo = Repo.init(tmp_path)
+    Repo.init(tmp_path)
+    repo = Repo(tmp_path, journal=False)  # the three-round protocol
     repo.commit(policy(0), env=False)
     pack_dir = os.path.realpath(repo.vrl_dir / "objects" / "pack")
     heads = repo.vrl_dir / "refs" / "heads"
@@ -125,7 +127,8 @@ def test_the_ref_is_prepared_while_the_pack_is_fsynced_and_a_failed_pack_moves_n
     ref, its reflog and the pack directory are as before, and the next commit works."""
     from vrl.errors import StorageError
 
-    repo = Repo.init(tmp_path)
+    Repo.init(tmp_path)
+    repo = Repo(tmp_path, journal=False)  # the three-round protocol
     first = repo.commit(policy(0), env=False)
     heads = repo.vrl_dir / "refs" / "heads"
     log = repo.vrl_dir / "logs" / "refs" / "heads" / "main"

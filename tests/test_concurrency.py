@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import before_ref_moves
 
 from vrl import Repo
 from vrl.errors import RefConflictError
@@ -199,7 +200,8 @@ def test_concurrent_commits_to_one_branch(tmp_path, ctx, with_gc):
         assert_restores(repo, cid, make_state(w, i))
 
 
-def test_gc_between_object_writes_and_ref_update_keeps_reused_objects(tmp_path):
+@pytest.mark.parametrize("journal", [True, False])
+def test_gc_between_object_writes_and_ref_update_keeps_reused_objects(tmp_path, journal):
     """The worst interleaving, made deterministic: a commit reuses tensor objects that are
     unreachable and older than the grace period, and a `gc` (default grace) runs after
     the commit found them present but before its ref moves."""
@@ -207,16 +209,10 @@ def test_gc_between_object_writes_and_ref_update_keeps_reused_objects(tmp_path):
     Repo.init(path).commit({"shared.weight": pool_tensor(9)}, env=False, message="base")
     make_old_unreachable_pool(path)
 
-    committer = Repo(path)
+    committer = Repo(path, journal=journal)
     collector_repo = Repo(path)
-    real_update = committer.refs.update
     collected = []
-
-    def update(*args, **kwargs):
-        collected.append(collector_repo.gc())  # default grace period
-        return real_update(*args, **kwargs)
-
-    committer.refs.update = update
+    before_ref_moves(committer, lambda: collected.append(collector_repo.gc()))
     state = make_state(0, 0)
     cid = committer.commit(state, env=False, message="reuses old objects")
     assert collected

@@ -83,21 +83,21 @@ def _install_fault(fault: tuple[str, int] | None) -> None:
     elif where == "ref":  # lock held, ref's temp file written, not renamed yet
         real_ref = vrl.refs.RefStore._write_file
 
-        def write_file(self, path, text, *rest):
+        def write_file(self, path, text, *rest, **kw):
             if due():
                 tmp = path.with_name(f".tmp-{os.getpid()}-crash")
                 tmp.write_text(text[: len(text) // 2])
                 os._exit(99)
-            real_ref(self, path, text, *rest)
+            real_ref(self, path, text, *rest, **kw)
 
         vrl.refs.RefStore._write_file = write_file
     elif where == "reflog":  # lock held, reflog being appended
         real_log = vrl.refs.RefStore._append_log
 
-        def append_log(self, *args):
+        def append_log(self, *args, **kw):
             if due():
                 os._exit(99)
-            real_log(self, *args)
+            return real_log(self, *args, **kw)
 
         vrl.refs.RefStore._append_log = append_log
     elif where in ("pack", "maint"):  # a pack durable in place, nothing after it done
@@ -239,21 +239,35 @@ def test_sigkill_at_random_points(tmp_path, ctx):
     assert len(committed) >= 10
 
 
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "three-rounds"])
 @pytest.mark.parametrize("where,calls", [("object", range(1, 40, 3)), ("ref", range(1, 5)),
                                          ("reflog", range(1, 5)), ("pack", range(1, 4))])
-def test_injected_crash_inside_write_path(tmp_path, ctx, where, calls):
+def test_injected_crash_inside_write_path(tmp_path, ctx, where, calls, journal):
     """Deterministic crash points: the k-th object chunk written half-way, a ref's temp
     file written but not renamed (lock held), a reflog append (lock held)."""
     path = tmp_path / "repo"
-    Repo.init(path)
+    config = Repo.init(path).config
+    config.set("core", "journal", str(journal).lower())
+    config.save()
+    assert Repo(path)._journaled is journal
     committed: dict[int, str] = {}
+    history: list[str] = []
     for k in calls:
-        reported, code = run_child(ctx, path, _next_seed(path), fault=(where, k))
+        seed = _next_seed(path)
+        reported, code = run_child(ctx, path, seed, fault=(where, k))
         assert code == 99, f"fault {where}#{k} never fired"
         committed.update(reported)
-        history = check_repository(path, committed)
-        # the commit being written never landed (reflog entries are written before the ref)
-        assert len(history) == len(committed)
+        before, history = len(history), check_repository(path, committed)
+        if journal:
+            # every fault fires after the commit point (the journal's record: objects and
+            # reflogs are written after it): opening the repository finished the commit
+            # being written, whole and bit-exact
+            assert len(history) == before + len(reported) + 1
+            assert_restores(Repo(path), history[0], seed + len(reported))
+        else:
+            # the commit being written never landed (reflog entries are written before the
+            # ref, whose rename is the commit point)
+            assert len(history) == before + len(reported)
     # every crash left the lock behind: the next commit must still go through
     locks = list((path / ".vrl").rglob("*.lock"))
     if where not in ("object", "pack"):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from helpers import assert_same, small_policy
+from helpers import assert_same, before_ref_moves, small_policy
 
 import vrl.repo as repo_module
 from vrl import Repo
@@ -300,18 +300,18 @@ def test_rehash_option_is_a_no_op(repo, monkeypatch):
     assert seen.count("tensor") == 0
 
 
-def test_concurrent_commit_is_reparented_not_lost(repo, monkeypatch):
+@pytest.mark.parametrize("journal", [True, False])
+def test_concurrent_commit_is_reparented_not_lost(repo, journal):
+    repo = Repo(repo.workdir, journal=journal)
     first = repo.commit({"w": torch.zeros(3)})
-    other = Repo(repo.workdir)
-    real_update = repo.refs.update
+    other = Repo(repo.workdir, journal=journal)
     raced = []
 
-    def racing_update(name, new, expected=None, **kw):
+    def race():
         if not raced:  # another process commits just before our compare-and-swap
             raced.append(other.commit({"w": torch.ones(3)}, message="other"))
-        return real_update(name, new, expected=expected, **kw)
 
-    monkeypatch.setattr(repo.refs, "update", racing_update)
+    before_ref_moves(repo, race)
     mine = repo.commit({"w": torch.full((3,), 2.0)}, message="mine")
     history = [e.id for e in Repo(repo.workdir).log()]
     assert history == [mine, raced[0], first]

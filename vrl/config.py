@@ -10,7 +10,8 @@ from vrl.errors import VrlError
 from vrl.object_store import _fsync_dir, discard, storage_error
 
 DEFAULTS = {
-    "core": {"fsync": "true", "verify": "false", "workspace": "policy.safetensors"},
+    "core": {"fsync": "true", "verify": "false", "workspace": "policy.safetensors",
+             "journal": "true"},
     "diff": {"threshold": "0.001"},
     "gc": {"grace": "3600"},
 }

@@ -269,6 +269,8 @@ class Maintenance:
         Stops, deleting nothing, when a reflog or ref it relies on is damaged.
         """
         grace = self.config.getfloat("gc", "grace") if grace is None else grace
+        if self.journal is not None:  # what a crash left is finished and made durable
+            self.journal.checkpoint()
         self._check_refs_for_gc(expire_reflog)
         if expire_reflog and not dry_run:
             self.refs.expire_logs()
@@ -305,6 +307,8 @@ class Maintenance:
     def repack(self: Repo) -> tuple[int, int]:
         """Merge all packs and small loose objects into one pack; return (objects packed,
         files removed). Crash-safe: the new pack is durable before anything goes."""
+        if self.journal is not None:
+            self.journal.checkpoint()
         return self.objects.repack()
 
     # ------------------------------------------------------------------ fsck

@@ -232,6 +232,8 @@ class FileObjectStore(ObjectStore):
         # registered by the flush that waits for its write
         self._deferred: tuple[dict[ObjectId, bytes], tuple[str, pack.Entries] | None] | None \
             = None
+        # a sealed batch's pack (name, chunks, entries), waiting for the commit journal
+        self._sealed: tuple[str, list[bytes | memoryview], pack.Entries] | None = None
 
     def path(self, oid: ObjectId) -> Path:
         """Where the object's loose file is (or would be); packed objects have none."""
@@ -652,7 +654,7 @@ class FileObjectStore(ObjectStore):
         return self._pool
 
     @contextlib.contextmanager
-    def batch(self, defer: bool = False) -> Iterator[None]:
+    def batch(self, defer: bool = False, seal: bool = False) -> Iterator[None]:
         """Write many objects as one: the small ones go into one pack, the fsyncs of the
         big ones overlap. Every object is in place on exit (durable after `sync()`); if
         the body raises, the small objects it wrote are dropped (nothing refers to them;
@@ -661,7 +663,11 @@ class FileObjectStore(ObjectStore):
         With `defer`, exit only starts the pack's write and fsync (on a worker thread):
         its objects stay readable from memory, and the next `flush()` (`sync()`,
         `take_unsynced_dirs()`, another batch) waits for it and re-raises its failure -
-        the caller overlaps that fsync with work of its own."""
+        the caller overlaps that fsync with work of its own.
+
+        With `seal`, exit writes no pack: the small objects are laid out as one
+        (`sealed()`), stay readable from memory, and are placed by `land_sealed()` once the
+        commit journal holds them (or forgotten by `drop_sealed()`)."""
         if self._batching:
             yield
             return
@@ -676,13 +682,18 @@ class FileObjectStore(ObjectStore):
         finally:
             staged, self._staged_bytes = self._staged, 0
             try:
-                # the pack's fsync overlaps those of the big objects still in flight
-                packed = self._write_staged(staged) if ok else None
+                if ok and seal:
+                    self._sealed = pack.build(staged.items()) if staged else None
+                else:
+                    # the pack's fsync overlaps those of the big objects still in flight
+                    packed = self._write_staged(staged) if ok else None
                 written = True  # (a failed write is not deferred: it raises now)
             finally:
                 self._batching = False
                 self._freshened.clear()
-                if ok and written and defer and self._pending:
+                if ok and written and seal:
+                    pass  # staged objects stay readable until land_sealed / drop_sealed
+                elif ok and written and defer and self._pending:
                     self._deferred = (staged, packed)
                 else:
                     self._staged = {}
@@ -702,6 +713,56 @@ class FileObjectStore(ObjectStore):
             finally:
                 self._batching = True
             self._register_pack(*written)
+
+    def sealed(self) -> tuple[str, bytes] | None:
+        """The sealed batch's pack: (file name, bytes), or None if it staged nothing."""
+        if self._sealed is None:
+            return None
+        name, chunks, _ = self._sealed
+        return f"pack-{name}.pack", b"".join(chunks)
+
+    def land_sealed(self, data: bytes | None = None) -> None:
+        """Write the sealed pack into objects/pack/ WITHOUT fsync (the commit journal holds
+        it durably) and index it; its objects are read from there from now on."""
+        if self._sealed is not None:
+            name, chunks, entries = self._sealed
+            file = f"pack-{name}.pack"
+            self.place_pack(file, data if data is not None else b"".join(chunks))
+            self._register_pack(file, entries)
+        self.drop_sealed()
+
+    def drop_sealed(self) -> None:
+        self._sealed = None
+        self._staged = {}
+
+    def place_pack(self, file: str, data: bytes | memoryview) -> None:
+        """Write a pack file by temp file and rename, without fsync (the commit journal's
+        materialisation and replay: the journal holds the bytes durably)."""
+        final = f"{self._pack_dir}/{file}"
+        tmp = f"{self._pack_dir}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            try:
+                fd = os.open(tmp, flags, 0o444)
+            except FileNotFoundError:  # a repository made before `init` made pack/
+                os.makedirs(self._pack_dir, exist_ok=True)
+                fd = os.open(tmp, flags, 0o444)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except OSError as exc:
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, f"writing pack {file[5:15]}") from exc
+
+    def pack_bytes_equal(self, file: str, data: bytes | memoryview) -> bool:
+        """Whether objects/pack/`file` holds exactly `data` (a replay's idempotence check)."""
+        try:
+            with open(f"{self._pack_dir}/{file}", "rb") as f:
+                return f.read() == data
+        except OSError:
+            return False
 
     def _write_staged(self, staged: dict[ObjectId, bytes]) -> tuple[str, pack.Entries] | None:
         if len(staged) < PACK_MIN_OBJECTS:

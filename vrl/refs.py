@@ -205,6 +205,9 @@ class RefStore:
         self.root = Path(root)
         self.fsync = fsync
         self.who = who
+        # Called under every ref's lock before a change outside the commit journal (the
+        # repository installs the journal's checkpoint: see vrl/journal.py)
+        self.before_write: Callable[[], None] | None = None
         self._local = threading.local()  # per thread: fds whose fsync the ref write does
         self._paths: dict[str, Path] = {}  # names already validated
 
@@ -299,7 +302,11 @@ class RefStore:
 
     # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def lock(self, name: str, timeout: float | None = None) -> Iterator[None]:
+    def lock(self, name: str, timeout: float | None = None, journaled: bool = False
+             ) -> Iterator[None]:
+        """Hold the ref's lock file. Unless the change is `journaled`, the commit journal
+        is checkpointed first (`before_write`): a replay of it after a power cut must never
+        undo a change made outside it."""
         lock = self._path(name).with_name(self._path(name).name + ".lock")
         deadline = time.monotonic() + (LOCK_TIMEOUT if timeout is None else timeout)
         delay = 0.001
@@ -330,6 +337,8 @@ class RefStore:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
             finally:
                 os.close(fd)
+            if not journaled and self.before_write is not None:
+                self.before_write()
             yield
         finally:
             lock.unlink(missing_ok=True)
@@ -399,19 +408,22 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
-    def _write_file(self, path: Path, text: str, durable_first: DurableFirst = ()) -> None:
+    def _write_file(self, path: Path, text: str, durable_first: DurableFirst = (),
+                    sync: bool | None = None) -> None:
         """Write the ref through a temp file renamed over it. The reflog lines appended
         just before (`_pending` fds) are fsynced together with the temp file: all of them
         are durable before the rename, which is all the order needs, and concurrent fsyncs
-        share the journal's commits instead of waiting for one each."""
+        share the journal's commits instead of waiting for one each. With `sync=False`
+        nothing is fsynced (the commit journal made the change durable already)."""
+        sync = self.fsync if sync is None else sync
         tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
         try:
-            make_dirs(path.parent, self.fsync)
+            make_dirs(path.parent, sync)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, text.encode())
                 folders = durable_first() if callable(durable_first) else durable_first
-                if self.fsync:
+                if sync:
                     pending = self._local.pending  # set by _write_logged, which closes them
                     for folder in folders:
                         pending.append(os.open(folder, os.O_RDONLY))
@@ -419,7 +431,7 @@ class RefStore:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-            if self.fsync:
+            if sync:
                 _fsync_dir(path.parent)
         except OSError as exc:
             discard(tmp)
@@ -470,11 +482,14 @@ class RefStore:
                 self._remove_log(name)
                 self._remove_empty_parents(name)
             else:
-                logs = [name] + (["HEAD"] if name != "HEAD" and self.head_target() == name
-                                 else [])
-                self._write_logged(path, new + "\n", [(log, old, new) for log in logs], reason,
+                self._write_logged(path, new + "\n",
+                                   [(log, old, new) for log in self.logs_for(name)], reason,
                                    durable_first)
         return old
+
+    def logs_for(self, name: str) -> list[str]:
+        """The reflogs a move of `name` is logged in: its own, and HEAD's while attached."""
+        return [name] + (["HEAD"] if name != "HEAD" and self.head_target() == name else [])
 
     def _write_logged(self, path: Path, text: str,
                       logs: list[tuple[str, ObjectId | None, ObjectId | None]],
@@ -513,17 +528,24 @@ class RefStore:
     def _log_path(self, name: str) -> Path:
         return self.root / "logs" / name
 
-    def _append_log(self, name: str, old: ObjectId | None, new: ObjectId | None,
-                    reason: str) -> tuple[Path, int, int]:
-        """Append one line; return (path, size after, bytes written) for `_undo_log`."""
-        path = self._log_path(name)
-        line = (f"{old or ZERO} {new or ZERO} {utc_now()} {self.who}\t"
+    def log_line(self, old: ObjectId | None, new: ObjectId | None, reason: str) -> bytes:
+        """One reflog line (newline-terminated)."""
+        return (f"{old or ZERO} {new or ZERO} {utc_now()} {self.who}\t"
                 f"{reason.splitlines()[0] if reason else ''}\n").encode()
+
+    def _append_log(self, name: str, old: ObjectId | None, new: ObjectId | None,
+                    reason: str, line: bytes | None = None, sync: bool | None = None
+                    ) -> tuple[Path, int, int]:
+        """Append one line (`line`, or a new one); return (path, size after, bytes
+        written) for `_undo_log`. With `sync=False` nothing is fsynced (see `_write_file`)."""
+        path = self._log_path(name)
+        line = line or self.log_line(old, new, reason)
+        sync = self.fsync if sync is None else sync
         try:
-            make_dirs(path.parent, self.fsync)
+            make_dirs(path.parent, sync)
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            pending = getattr(self._local, "pending", None)
+            pending = getattr(self._local, "pending", None) if sync else None
             try:
                 written = os.write(fd, line)
                 end = os.fstat(fd).st_size
@@ -531,17 +553,17 @@ class RefStore:
                 os.close(fd)
                 raise
             # durable before the ref moves: with the ref's temp file when one follows
-            if pending is not None and self.fsync:
+            if pending is not None and sync:
                 pending.append(fd)
                 if created:
                     pending.append(os.open(path.parent, os.O_RDONLY))
             else:
                 try:
-                    if self.fsync:
+                    if sync:
                         os.fsync(fd)
                 finally:
                     os.close(fd)
-                if created and self.fsync:
+                if created and sync:
                     _fsync_dir(path.parent)
             if written != len(line):  # a full disk can write part of the line
                 self._undo_log(path, end, written)

@@ -33,6 +33,7 @@ from vrl.errors import (
     VrlError,
     WorkspaceError,
 )
+from vrl.journal import Journal, boot_id, create_journal
 from vrl.maintenance import Maintenance
 from vrl.object_store import PACK_MAX, FileObjectStore, _fsync_dir, storage_error
 from vrl.objects import (
@@ -116,7 +117,7 @@ class Repo(Maintenance, WorkspaceMixin):
     """A vrl repository (the `.vrl` directory and the workspace around it)."""
 
     def __init__(self, path: str | Path = ".", *, fsync: bool | None = None,
-                 verify: bool | None = None) -> None:
+                 verify: bool | None = None, journal: bool | None = None) -> None:
         self.vrl_dir = find_vrl_dir(path)
         self.workdir = self.vrl_dir.parent
         self.config = Config(self.vrl_dir / "config")
@@ -127,6 +128,18 @@ class Repo(Maintenance, WorkspaceMixin):
                                        verify_reads=verify,
                                        fresh_for=self.config.getfloat("gc", "grace") / 2)
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
+        # The commit journal (vrl/journal.py): durable commits in one fdatasync where a
+        # reboot can be recognised. Any repository object honours one (it finishes what a
+        # crash left and checkpoints before changing a ref outside it); it commits through
+        # it only with fsync on.
+        commits = Journal(self.vrl_dir, self.objects, self.refs)
+        self.journal = commits if commits.usable else None
+        if journal is None:
+            journal = self.config.getbool("core", "journal")
+        self._journaled = bool(self.journal and fsync and journal)
+        if self.journal is not None:
+            self.refs.before_write = self.journal.checkpoint
+            self.journal.recover()
         self._commits: dict[ObjectId, Commit] = {}
         self._manifests: dict[ObjectId, Manifest] = {}
         # Tensors stored by this process: (xxh3-128 of the bytes, size) -> object id. Lets
@@ -178,6 +191,8 @@ class Repo(Maintenance, WorkspaceMixin):
             if workspace:
                 config.set("core", "workspace", workspace)
             config.save()
+            if boot_id() is not None:
+                create_journal(vrl_dir)  # here, not in the first commit
             with open(vrl_dir / "HEAD.tmp", "w") as f:
                 f.write(f"ref: refs/heads/{branch}\n")
                 f.flush()
@@ -612,7 +627,7 @@ class Repo(Maintenance, WorkspaceMixin):
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
             batch.callback(self._fresh.clear)
-            batch.enter_context(self.objects.batch(defer=True))
+            batch.enter_context(self.objects.batch(defer=True, seal=self._journaled))
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
 
@@ -647,6 +662,7 @@ class Repo(Maintenance, WorkspaceMixin):
             finally:
                 with contextlib.suppress(VrlError):  # a failure is reported by the loop
                     self.objects.flush()  # a pack still in flight when the loop gave up
+                self.objects.drop_sealed()  # a journaled commit that failed: forgotten
 
     def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
                      layer_stats: Callable[[ObjectId | None], dict[str, Any]],
@@ -674,10 +690,14 @@ class Repo(Maintenance, WorkspaceMixin):
             cid = self.objects.write("commit", commit.to_bytes())
             self._commits[cid] = commit
             batch.close()  # starts the pack's write (first attempt only; later a no-op)
+            reason = f"commit: {message.splitlines()[0] if message else ''}"
             try:
-                self.refs.update(ref, cid, expected=parent, reason="commit: "
-                                 f"{message.splitlines()[0] if message else ''}",
-                                 durable_first=objects_ready)
+                if self._journaled:  # one append + fdatasync (vrl/journal.py)
+                    assert self.journal is not None
+                    self.journal.commit(ref, cid, parent, reason, self.objects.sync)
+                else:
+                    self.refs.update(ref, cid, expected=parent, reason=reason,
+                                     durable_first=objects_ready)
             except RefConflictError:
                 # Lost the compare-and-swap: another commit landed on the ref, which
                 # is progress, so re-parent onto it and try again (as long as others

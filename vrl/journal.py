@@ -1,0 +1,426 @@
+"""The commit journal: one append and one `fdatasync` make a commit durable.
+
+Without it, a crash-safe commit on a POSIX filesystem takes three rounds of fsync (the
+pack's data, then its name with the ref's temp file and reflog lines, then the ref's
+rename: bench/commit_floor.py), which for a small policy cost more than the whole
+`torch.save` a user compares with. With it, a commit appends one record to `.vrl/journal`
+- the commit's pack of small objects (manifest, commit, small tensors), the ref's move and
+its reflog lines - and fdatasyncs that one file: that is the commit point. The pack file,
+the reflog lines and the ref are then written as always, but without fsync
+("materialised"); readers never look at the journal. Big tensors are loose files made
+durable (with their directories) before the record is appended, as before.
+
+    0    header, 64 bytes: b"vrljrnl1", the boot id of the records' machine (40 bytes,
+         ASCII, space-padded), u64 offset up to which every record is materialised, pad
+    64   records: b"VJR1", u32 JSON length, u64 body length, 16-byte xxh3-128 of JSON and
+         body, then the JSON ({ref, old, new, logs: [[log, line]], pack}) and the body (the
+         pack file's bytes)
+
+Recovery (all under an `flock` of the journal, which the kernel releases if its holder
+dies):
+- A holder killed between its append and the end of materialising (same boot): the next
+  holder finds the materialised offset behind the file's end and re-applies the records
+  after it (a torn record, never fdatasynced, is cut off).
+- A power cut: files written without fsync may be lost or empty. The first holder after the
+  reboot (the boot id differs) re-applies every record in order, then checkpoints.
+Re-applying is idempotent: a pack is written unless the file holds exactly its bytes; the
+ref is set if it holds the record's old value (or is damaged), a reflog line is appended if
+the log lacks it. In order, each record's old value is the previous record's new one, so a
+ref lost at any point of the chain ends at the last record's value.
+
+Checkpoint: everything the records materialised is fsynced, then the journal is truncated.
+It runs under a ref's lock before any ref change outside the journal (a replay must never
+undo one: a ref reset to an older commit would hold a record's old value again), before gc
+and repack, and once the journal passes JOURNAL_MAX bytes.
+
+The journal is used where a reboot can be recognised (Linux: /proc's boot id) and fsync is
+on; `core.journal = false` turns it off (the three-round protocol then runs as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from vrl.errors import RefConflictError, RevisionError, StorageError
+from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
+from vrl.objects import ObjectId, is_object_id
+from vrl.refs import ANY, RefStore, _fsync_all, short_ref
+
+HEADER = struct.Struct("<8s40sQ8x")
+MAGIC = b"vrljrnl1"
+RECORD = struct.Struct("<4sIQ16s")
+RECORD_MAGIC = b"VJR1"
+JOURNAL_MAX = 64 << 20  # checkpoint once the journal is this big (bounds a replay)
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    """This machine's boot id (changes at every boot), or None where there is none."""
+    try:
+        with open(BOOT_ID, "rb") as f:
+            return f.read().decode("ascii").strip()[:40] or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+@dataclass
+class Record:
+    offset: int  # where the record starts in the journal
+    end: int  # where the next one starts
+    ref: str
+    old: ObjectId | None
+    new: ObjectId
+    logs: list[tuple[str, bytes]]
+    pack: str | None
+    body: bytes  # the pack file's bytes
+
+
+class _Handle:
+    """One open journal per file and process: flock excludes other processes, the RLock
+    other threads (flock does not: they share the open file)."""
+
+    def __init__(self, path: str) -> None:
+        # not O_APPEND: Linux's pwrite appends to such a file whatever the offset, and
+        # the header is rewritten in place (appends are serialised by the lock anyway)
+        self.fd = os.open(path, os.O_RDWR)
+        self.pid = os.getpid()
+        self.lock = threading.RLock()
+        self.depth = 0
+
+
+_HANDLES: dict[str, _Handle] = {}
+_HANDLES_LOCK = threading.Lock()
+
+
+def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
+           pack: tuple[str, bytes] | None) -> bytes:
+    meta = json.dumps({"ref": ref, "old": old, "new": new, "pack": pack and pack[0],
+                       "logs": [[log, line.decode()] for log, line in logs]},
+                      separators=(",", ":")).encode()
+    body = pack[1] if pack else b""
+    digest = _digest(meta, body)
+    return b"".join((RECORD.pack(RECORD_MAGIC, len(meta), len(body), digest), meta, body))
+
+
+def _digest(meta: bytes, body: bytes | memoryview) -> bytes:
+    h = xxhash.xxh3_128(meta)
+    h.update(body)
+    return h.digest()
+
+
+def parse(data: bytes, start: int = HEADER.size) -> tuple[list[Record], int]:
+    """The intact records from `start` on, and where the first torn or damaged one starts
+    (the file's end when there is none)."""
+    out: list[Record] = []
+    at = start
+    view = memoryview(data)
+    while at + RECORD.size <= len(data):
+        magic, meta_len, body_len, digest = RECORD.unpack_from(data, at)
+        end = at + RECORD.size + meta_len + body_len
+        if magic != RECORD_MAGIC or end > len(data):
+            break
+        meta = bytes(view[at + RECORD.size: at + RECORD.size + meta_len])
+        body = view[at + RECORD.size + meta_len: end]
+        if _digest(meta, body) != digest:
+            break
+        try:
+            m = json.loads(meta)
+            out.append(Record(at, end, m["ref"], m["old"], m["new"],
+                              [(log, line.encode()) for log, line in m["logs"]], m["pack"],
+                              bytes(body)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            break
+        at = end
+    return out, at
+
+
+class Journal:
+    """The commit journal of one repository (see the module's docstring)."""
+
+    def __init__(self, vrl_dir: Path, objects: FileObjectStore, refs: RefStore) -> None:
+        self.path = os.path.realpath(Path(vrl_dir) / "journal")
+        self.vrl_dir = Path(vrl_dir)
+        self.objects = objects
+        self.refs = refs
+        self.boot = boot_id()
+
+    @property
+    def usable(self) -> bool:
+        return self.boot is not None
+
+    # ------------------------------------------------------------------ the file
+    def _handle(self) -> _Handle:
+        with _HANDLES_LOCK:
+            handle = _HANDLES.get(self.path)
+            if handle is not None and handle.pid != os.getpid():  # forked: not ours
+                handle = None
+            if handle is None:
+                if not os.path.exists(self.path):
+                    self._create()
+                try:
+                    handle = _HANDLES[self.path] = _Handle(self.path)
+                except OSError as exc:
+                    raise storage_error(exc, self.vrl_dir, "opening the commit journal"
+                                        ) from exc
+            return handle
+
+    def _create(self) -> None:
+        """Create the journal whole or not at all (a repository `init` made before the
+        journal existed gets it at its first journaled commit)."""
+        try:
+            create_journal(self.vrl_dir)
+            _fsync_dir(self.vrl_dir)
+        except OSError as exc:
+            raise storage_error(exc, self.vrl_dir, "creating the commit journal") from exc
+
+    def _header(self, applied: int) -> bytes:
+        return HEADER.pack(MAGIC, (self.boot or "").encode().ljust(40), applied)
+
+    def _read_header(self, fd: int) -> tuple[str, int] | None:
+        raw = os.pread(fd, HEADER.size, 0)
+        if len(raw) < HEADER.size:
+            return None
+        magic, boot, applied = HEADER.unpack(raw)
+        if magic != MAGIC:
+            return None
+        return boot.decode("ascii", "replace").strip(), applied
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[int]:
+        """Hold the journal (reentrant), with every record materialised: yields the fd."""
+        handle = self._handle()
+        with handle.lock:
+            if handle.depth == 0:
+                fcntl.flock(handle.fd, fcntl.LOCK_EX)
+            handle.depth += 1
+            try:
+                if handle.depth == 1:
+                    self._settle(handle.fd)
+                yield handle.fd
+            finally:
+                handle.depth -= 1
+                if handle.depth == 0:
+                    fcntl.flock(handle.fd, fcntl.LOCK_UN)
+
+    def _settle(self, fd: int) -> None:
+        """Re-apply what a dead holder (or a power cut) left unmaterialised."""
+        size = os.fstat(fd).st_size
+        header = self._read_header(fd)
+        if header is not None and header[0] == self.boot and header[1] >= size:
+            return  # the common case: everything is in place
+        from_boot = header is not None and header[0] == self.boot
+        start = header[1] if from_boot and header[1] >= HEADER.size else HEADER.size
+        data = _read_all(fd, size)
+        records, end = parse(data, HEADER.size)
+        for record in records:
+            if record.offset >= start or not from_boot:
+                self._apply(record, recovering=True)
+        if end < size:  # a torn record at the end: it was never durable, nor reported
+            os.ftruncate(fd, end)
+        if not from_boot:  # after a reboot: make it all durable, then start afresh
+            self._checkpoint(fd, records)
+        else:
+            os.pwrite(fd, self._header(end), 0)
+
+    # ------------------------------------------------------------------ commit
+    def commit(self, name: str, new: ObjectId, expected: object, reason: str,
+               before_append: Callable[[], None]) -> ObjectId | None:
+        """Compare-and-swap ref `name` (HEAD: its branch) to `new` through the journal,
+        with the object store's sealed pack; return the old value. `before_append` makes
+        everything outside the record durable first (the big tensors' files)."""
+        refs = self.refs
+        if name == "HEAD":
+            name = refs.head_target() or "HEAD"
+        with refs.lock(name, journaled=True), self.held() as fd:
+            try:
+                old = refs.read_raw(name) if name == "HEAD" else refs.read(name)
+            except RevisionError as exc:
+                raise RefConflictError(str(exc)) from None
+            if old is not None and not is_object_id(old):  # HEAD holds a symbolic ref
+                old = None
+            if expected is not ANY and old != expected:
+                raise RefConflictError(
+                    f"{short_ref(name)} moved: expected {(expected or 'none')[:12]}, found "
+                    f"{(old or 'none')[:12]} (another process updated it); retry")
+            logs = [(log, refs.log_line(old, new, reason)) for log in refs.logs_for(name)]
+            sealed = self.objects.sealed()
+            record = encode(name, old, new, logs, sealed)
+            before_append()
+            size = os.fstat(fd).st_size
+            self._append(fd, record, size)
+            try:
+                self._apply(Record(size, size + len(record), name, old, new, logs,
+                                   sealed and sealed[0], sealed[1] if sealed else b""),
+                            recovering=False)
+            except BaseException:
+                if refs.read_raw(name) != new:  # not applied: as if never committed
+                    self._take_back(fd, size)
+                raise
+            end = size + len(record)
+            os.pwrite(fd, self._header(end), 0)
+            if end > JOURNAL_MAX:
+                self._checkpoint(fd, parse(_read_all(fd, end))[0])
+        return old
+
+    def _append(self, fd: int, record: bytes, size: int) -> None:
+        """The commit point: the record written and fdatasynced; on failure, taken back."""
+        try:
+            os.lseek(fd, size, os.SEEK_SET)
+            written = os.write(fd, record)
+            if written != len(record):
+                raise OSError(28, os.strerror(28))  # ENOSPC: a partial record
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._take_back(fd, size)
+            raise storage_error(exc, self.vrl_dir, "writing the commit journal") from exc
+
+    def _take_back(self, fd: int, size: int) -> None:
+        """Cut the journal back to `size` (the record failed: nothing was reported)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+            os.fdatasync(fd)
+
+    # ------------------------------------------------------------------ applying
+    def _apply(self, record: Record, recovering: bool) -> None:
+        """Materialise a record: its pack, reflog lines and ref, without fsync. Recovering,
+        only what is missing (see the module's docstring)."""
+        refs = self.refs
+        if record.pack:
+            if not recovering:
+                self.objects.land_sealed(record.body)
+            elif not self.objects.pack_bytes_equal(record.pack, record.body):
+                self.objects.place_pack(record.pack, record.body)
+        if recovering:
+            current = refs.read_raw(record.ref)
+            # a ref whose content a power cut lost reads as empty (None) or garbage
+            damaged = not is_object_id(current or "") and (
+                current is not None or os.path.exists(refs._path(record.ref)))
+            if current != record.new and current != record.old and not damaged:
+                return  # moved on since (a later record moves it from here)
+        appended = []
+        try:
+            for log, line in record.logs:
+                if recovering and _has_line(refs._log_path(log), line):
+                    continue
+                appended.append(refs._append_log(log, record.old, record.new, "", line=line,
+                                                 sync=False))
+            if not recovering or refs.read_raw(record.ref) != record.new:
+                refs._write_file(refs._path(record.ref), record.new + "\n", sync=False)
+        except StorageError:
+            for entry in reversed(appended):
+                refs._undo_log(*entry)
+            raise
+
+    # ------------------------------------------------------------------ checkpoint
+    def checkpoint(self) -> None:
+        """Make everything the records materialised durable, then empty the journal."""
+        if not self.usable or not os.path.exists(self.path):
+            return
+        with self.held() as fd:
+            size = os.fstat(fd).st_size
+            if size > HEADER.size:
+                self._checkpoint(fd, parse(_read_all(fd, size))[0])
+
+    def _checkpoint(self, fd: int, records: list[Record]) -> None:
+        files: set[str] = set()
+        dirs: set[str] = set()
+        vrl = os.fspath(self.vrl_dir)
+        for record in records:
+            named = [os.fspath(self.refs._path(record.ref))]
+            named += [os.fspath(self.refs._log_path(log)) for log, _ in record.logs]
+            if record.pack:
+                named.append(f"{self.objects._pack_dir}/{record.pack}")
+            for path in named:
+                files.add(path)
+                folder = os.path.dirname(path)
+                while len(folder) > len(vrl):  # new folders' entries in their parents too
+                    dirs.add(folder)
+                    folder = os.path.dirname(folder)
+        dirs.add(vrl)
+        fds = []
+        try:
+            for path in sorted(files | dirs):
+                with contextlib.suppress(FileNotFoundError):  # e.g. a pack merged since
+                    fds.append(os.open(path, os.O_RDONLY))
+            if fds:
+                _fsync_all(fds)
+        except OSError as exc:
+            raise storage_error(exc, self.vrl_dir, "checkpointing the commit journal"
+                                ) from exc
+        finally:
+            for f in fds:
+                os.close(f)
+        try:
+            os.ftruncate(fd, HEADER.size)
+            os.pwrite(fd, self._header(HEADER.size), 0)
+            os.fsync(fd)
+        except OSError as exc:
+            raise storage_error(exc, self.vrl_dir, "checkpointing the commit journal"
+                                ) from exc
+
+    def recover(self) -> None:
+        """At open: finish what a dead holder or a power cut left (cheap when nothing is)."""
+        if not self.usable:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            header = self._read_header(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size <= HEADER.size or (header is not None and header[0] == self.boot and
+                                   header[1] >= size):
+            return
+        with contextlib.suppress(OSError, StorageError):  # read-only: readers see the rest
+            with self.held():
+                pass
+
+
+def create_journal(vrl_dir: Path) -> None:
+    """Write an empty journal (header fsynced, then linked into place: never half made;
+    an existing one is kept). The caller makes `vrl_dir`'s entry durable."""
+    path = os.fspath(Path(vrl_dir) / "journal")
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(6).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, HEADER.pack(MAGIC, (boot_id() or "").encode().ljust(40),
+                                     HEADER.size))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):  # another process was first
+            os.link(tmp, path)
+    finally:
+        discard(Path(tmp))
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        chunk = os.pread(fd, size - len(out), len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def _has_line(path: Path, line: bytes) -> bool:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return data.startswith(line) or b"\n" + line in data

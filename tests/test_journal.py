@@ -1,0 +1,231 @@
+"""The commit journal (vrl/journal.py): one fdatasync per durable commit, and recovery of
+what a dead process or a power cut left behind. Every power cut of a scenario with the
+journal is swept by tests/test_powercut.py and SIGKILLs by tests/test_crash.py; these pin
+the pieces one by one."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+import torch
+from helpers import raw
+
+import vrl.journal as journal
+from vrl import Repo
+from vrl.errors import StorageError
+
+
+def policy(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"actor.weight": torch.randn(64, 32, generator=g),
+            "actor.bias": torch.randn(64, generator=g),
+            "critic.weight": torch.randn(32, 32, generator=g)}
+
+
+def assert_loads(repo: Repo, cid: str, state: dict[str, torch.Tensor]) -> None:
+    got = repo.load(cid)
+    assert {k: raw(v) for k, v in got.items()} == {k: raw(v) for k, v in state.items()}
+
+
+def records(repo: Repo) -> list[journal.Record]:
+    data = (repo.vrl_dir / "journal").read_bytes()
+    found, end = journal.parse(data)
+    assert end == len(data)
+    return found
+
+
+def test_a_small_commit_is_one_fdatasync_and_no_fsync(tmp_path, monkeypatch):
+    repo = Repo.init(tmp_path)
+    repo.commit(policy(0), env=False)
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda fd, n=name, r=real: (
+            calls.append(f"{n} {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))}"),
+            r(fd))[1])
+    cid = repo.commit(policy(1), env=False, message="second")
+    monkeypatch.undo()
+    assert calls == ["fdatasync journal"]
+    (record,) = records(repo)[-1:]
+    assert (record.ref, record.new) == ("refs/heads/main", cid)
+    assert [log for log, _ in record.logs] == ["refs/heads/main", "HEAD"]
+    assert record.pack and (repo.vrl_dir / "objects" / "pack" / record.pack).read_bytes() \
+        == record.body
+    fresh = Repo(tmp_path, verify=True)
+    assert fresh.head() == cid and fresh.fsck()["ok"]
+    assert fresh.refs.reflog("HEAD")[0].new == cid
+
+
+def test_after_a_power_cut_every_lost_file_is_written_again(tmp_path, monkeypatch):
+    """What a cut can lose of a journaled commit - its pack, the ref's content, reflog
+    lines - comes back from the journal when the repository is opened after the reboot."""
+    repo = Repo.init(tmp_path)
+    states = [policy(i) for i in range(3)]
+    ids = [repo.commit(s, env=False) for s in states]
+    packs = {r.pack for r in records(repo)}
+    for name in packs:
+        (repo.vrl_dir / "objects" / "pack" / name).unlink()
+    (repo.vrl_dir / "refs" / "heads" / "main").write_bytes(b"")  # renamed, never written
+    log = repo.vrl_dir / "logs" / "HEAD"
+    log.write_bytes(log.read_bytes().split(b"\n", 1)[0] + b"\n")  # only the first line
+    monkeypatch.setattr(journal, "boot_id", lambda: "after-the-reboot")
+    fresh = Repo(tmp_path, verify=True)
+    assert fresh.head() == ids[-1]
+    for cid, state in zip(ids, states, strict=True):
+        assert_loads(fresh, cid, state)
+    assert [e.new for e in fresh.refs.reflog("HEAD")] == ids[::-1]
+    assert fresh.fsck()["ok"], fresh.fsck()["problems"]
+    # then checkpointed: durable in place, the journal empty again
+    assert records(fresh) == [] and all(
+        (repo.vrl_dir / "objects" / "pack" / name).exists() for name in packs)
+
+
+def test_replay_never_undoes_a_later_ref_change(tmp_path, monkeypatch):
+    """A reset to an older commit gives the ref a value a record moved it away from:
+    the reset checkpoints first, so no reboot can move the ref forward again."""
+    repo = Repo.init(tmp_path)
+    first = repo.commit(policy(0), env=False)
+    repo.commit(policy(1), env=False)
+    repo.reset(first)
+    assert records(repo) == []
+    monkeypatch.setattr(journal, "boot_id", lambda: "after-the-reboot")
+    assert Repo(tmp_path).head() == first
+
+
+def test_a_torn_record_is_cut_off_and_moves_nothing(tmp_path):
+    repo = Repo.init(tmp_path)
+    cid = repo.commit(policy(0), env=False)
+    path = repo.vrl_dir / "journal"
+    intact = path.read_bytes()
+    repo.commit(policy(1), env=False)
+    torn = path.read_bytes()[: len(intact) + 100]  # a cut in the middle of the append
+    path.write_bytes(torn)
+    (repo.vrl_dir / "refs" / "heads" / "main").write_text(cid + "\n")  # never moved
+    log = repo.vrl_dir / "logs" / "refs" / "heads" / "main"
+    log.write_bytes(log.read_bytes().split(b"\n", 1)[0] + b"\n")
+    (repo.vrl_dir / "logs" / "HEAD").write_bytes(log.read_bytes())
+    with open(path, "r+b") as f:  # the dead holder had not marked it materialised
+        f.seek(48)
+        f.write(len(intact).to_bytes(8, "little"))
+    fresh = Repo(tmp_path, verify=True)
+    assert fresh.head() == cid
+    assert path.read_bytes() == intact
+    assert fresh.fsck()["ok"]
+    again = fresh.commit(policy(2), env=False)
+    assert Repo(tmp_path).head() == again
+
+
+@pytest.mark.parametrize("fail", ["fdatasync", "write"])
+def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
+    repo = Repo.init(tmp_path)
+    first = repo.commit(policy(0), env=False)
+    before = (repo.vrl_dir / "journal").read_bytes()
+    logs = (repo.vrl_dir / "logs" / "HEAD").read_bytes()
+    real = getattr(os, fail)
+
+    def broken(fd, *a):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/journal"):
+            raise OSError(errno.EIO if fail == "fdatasync" else errno.ENOSPC, "injected")
+        return real(fd, *a)
+
+    monkeypatch.setattr(os, fail, broken)
+    with pytest.raises(StorageError, match="disk full" if fail == "write" else "I/O error"):
+        repo.commit(policy(1), env=False)
+    monkeypatch.undo()
+    assert (repo.vrl_dir / "journal").read_bytes() == before
+    assert (repo.vrl_dir / "logs" / "HEAD").read_bytes() == logs
+    assert Repo(tmp_path).head() == first
+    state = policy(2)
+    cid = repo.commit(state, env=False)
+    assert_loads(Repo(tmp_path, verify=True), cid, state)
+
+
+def test_a_failed_materialisation_takes_the_record_back(tmp_path, monkeypatch):
+    """The pack or ref cannot be written after the record is durable (e.g. a full disk):
+    the record is cut off again, the reflog lines undone, and the error says so."""
+    repo = Repo.init(tmp_path)
+    first = repo.commit(policy(0), env=False)
+    before = (repo.vrl_dir / "journal").read_bytes()
+    logs = (repo.vrl_dir / "logs" / "HEAD").read_bytes()
+
+    def full(self, *a, **k):
+        raise journal.storage_error(OSError(errno.ENOSPC, "full"), self.root, "writing a ref")
+
+    monkeypatch.setattr(journal.RefStore, "_write_file", full)
+    with pytest.raises(StorageError, match="disk full"):
+        repo.commit(policy(1), env=False)
+    monkeypatch.undo()
+    assert (repo.vrl_dir / "journal").read_bytes() == before
+    assert (repo.vrl_dir / "logs" / "HEAD").read_bytes() == logs
+    assert Repo(tmp_path).head() == first
+
+
+def test_the_journal_is_checkpointed_when_it_grows(tmp_path, monkeypatch):
+    monkeypatch.setattr(journal, "JOURNAL_MAX", 20_000)
+    repo = Repo.init(tmp_path)
+    sizes = []
+    for i in range(6):
+        repo.commit(policy(i), env=False)
+        sizes.append((repo.vrl_dir / "journal").stat().st_size)
+    assert max(sizes) < 20_000 + 2 * 16_000 and min(sizes) == journal.HEADER.size
+
+
+def test_another_thread_waits_while_the_journal_is_held(tmp_path):
+    """flock does not exclude threads of one process (they share the open file): the
+    journal's own lock must, across repository objects too."""
+    holder = Repo.init(tmp_path)
+    holder.commit(policy(0), env=False)
+    other = Repo(tmp_path)
+    landed: list[str] = []
+    thread = threading.Thread(target=lambda: landed.append(
+        other.commit(policy(1), env=False, ref="refs/heads/main")))
+    with holder.journal.held():
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive() and not landed  # waiting for the journal
+    thread.join(30)
+    assert landed and Repo(tmp_path).head() == landed[0]
+
+
+def test_threads_of_one_process_commit_to_many_branches(tmp_path):
+    Repo.init(tmp_path).commit(policy(0), env=False)
+    done: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def work(branch: str) -> None:
+        try:
+            repo = Repo(tmp_path)
+            repo.branch(branch)
+            done[branch] = [repo.commit(policy(i + 1), env=False, ref=f"refs/heads/{branch}")
+                            for i in range(8)]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"b{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert {r.new for r in records(Repo(tmp_path))} <= {c for ids in done.values() for c in ids}
+    repo = Repo(tmp_path, verify=True)
+    for branch, ids in done.items():
+        assert [e.id for e in repo.log(branch)][:8] == ids[::-1]
+    assert repo.fsck()["ok"]
+
+
+def test_without_a_boot_id_or_when_turned_off_commits_take_three_rounds(tmp_path,
+                                                                       monkeypatch):
+    repo = Repo.init(tmp_path)
+    assert repo._journaled and not Repo(tmp_path, journal=False)._journaled
+    repo.config.set("core", "journal", "false")
+    repo.config.save()
+    assert not Repo(tmp_path)._journaled
+    monkeypatch.setattr(journal, "boot_id", lambda: None)
+    repo = Repo(tmp_path)
+    assert repo.journal is None and not repo._journaled
+    cid = repo.commit(policy(0), env=False)
+    assert Repo(tmp_path).head() == cid

@@ -118,7 +118,7 @@ def test_a_torn_record_is_cut_off_and_moves_nothing(tmp_path):
     assert Repo(tmp_path).head() == again
 
 
-@pytest.mark.parametrize("fail", ["fdatasync", "write"])
+@pytest.mark.parametrize("fail", ["fdatasync", "writev"])
 def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
     repo = Repo.init(tmp_path)
     first = repo.commit(policy(0), env=False)
@@ -132,7 +132,7 @@ def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
         return real(fd, *a)
 
     monkeypatch.setattr(os, fail, broken)
-    with pytest.raises(StorageError, match="disk full" if fail == "write" else "I/O error"):
+    with pytest.raises(StorageError, match="disk full" if fail == "writev" else "I/O error"):
         repo.commit(policy(1), env=False)
     monkeypatch.undo()
     assert (repo.vrl_dir / "journal").read_bytes() == before

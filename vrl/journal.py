@@ -40,6 +40,7 @@ on; `core.journal = false` turns it off (the three-round protocol then runs as b
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -103,13 +104,14 @@ _HANDLES_LOCK = threading.Lock()
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
-           pack: tuple[str, bytes] | None) -> bytes:
+           pack: tuple[str, bytes] | None) -> list[bytes]:
+    """A record's bytes, in parts (written with one writev: the body is not copied)."""
     meta = json.dumps({"ref": ref, "old": old, "new": new, "pack": pack and pack[0],
                        "logs": [[log, line.decode()] for log, line in logs]},
                       separators=(",", ":")).encode()
     body = pack[1] if pack else b""
     digest = _digest(meta, body)
-    return b"".join((RECORD.pack(RECORD_MAGIC, len(meta), len(body), digest), meta, body))
+    return [RECORD.pack(RECORD_MAGIC, len(meta), len(body), digest), meta, body]
 
 
 def _digest(meta: bytes, body: bytes | memoryview) -> bytes:
@@ -255,30 +257,27 @@ class Journal:
             logs = [(log, refs.log_line(old, new, reason)) for log in refs.logs_for(name)]
             sealed = self.objects.sealed()
             record = encode(name, old, new, logs, sealed)
+            end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
             before_append()
-            size = os.fstat(fd).st_size
             self._append(fd, record, size)
             try:
-                self._apply(Record(size, size + len(record), name, old, new, logs,
-                                   sealed and sealed[0], sealed[1] if sealed else b""),
-                            recovering=False)
+                self._apply(Record(size, end, name, old, new, logs, sealed and sealed[0],
+                                   record[2]), recovering=False)
             except BaseException:
                 if refs.read_raw(name) != new:  # not applied: as if never committed
                     self._take_back(fd, size)
                 raise
-            end = size + len(record)
             os.pwrite(fd, self._header(end), 0)
             if end > JOURNAL_MAX:
                 self._checkpoint(fd, parse(_read_all(fd, end))[0])
         return old
 
-    def _append(self, fd: int, record: bytes, size: int) -> None:
+    def _append(self, fd: int, record: list[bytes], size: int) -> None:
         """The commit point: the record written and fdatasynced; on failure, taken back."""
         try:
             os.lseek(fd, size, os.SEEK_SET)
-            written = os.write(fd, record)
-            if written != len(record):
-                raise OSError(28, os.strerror(28))  # ENOSPC: a partial record
+            if os.writev(fd, record) != sum(len(part) for part in record):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a partial record
             os.fdatasync(fd)
         except OSError as exc:
             self._take_back(fd, size)

@@ -367,7 +367,12 @@ def sweep(tmp_path, monkeypatch, first_only: bool = False, run=None, check=None,
     return failures, lazy
 
 
-def test_every_power_cut_leaves_a_consistent_repository(tmp_path, monkeypatch):
+@pytest.mark.parametrize("external", [False, True], ids=["packs-journaled", "packs-own-file"])
+def test_every_power_cut_leaves_a_consistent_repository(tmp_path, monkeypatch, external):
+    """`packs-own-file`: every commit's pack is written to its own file and fsynced in the
+    record's round (as a big one is), instead of inside the journal's record."""
+    if external:
+        monkeypatch.setattr("vrl.journal.EXTERNAL_MIN", 0)
     failures, lazy = sweep(tmp_path, monkeypatch)
     assert len(lazy.steps) > 100  # every write, rename, fsync ... of the scenario
     # vrl runs unchanged (nothing is stopped): a cut is the durable state at that step

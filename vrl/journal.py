@@ -62,6 +62,7 @@ MAGIC = b"vrljrnl1"
 RECORD = struct.Struct("<4sIQ16s")
 RECORD_MAGIC = b"VJR1"
 JOURNAL_MAX = 64 << 20  # checkpoint once the journal is this big (bounds a replay)
+EXTERNAL_MIN = 256 << 10  # a pack this big is fsynced in its own file, not journaled
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -83,7 +84,8 @@ class Record:
     new: ObjectId
     logs: list[tuple[str, bytes]]
     pack: str | None
-    body: bytes  # the pack file's bytes
+    body: bytes | list  # the pack file's bytes (or its chunks), b"" for an external pack
+    external: bool = False  # the pack was fsynced in its own file, in the commit's round
 
 
 class _Handle:
@@ -104,14 +106,17 @@ _HANDLES_LOCK = threading.Lock()
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
-           pack: tuple[str, bytes] | None) -> list[bytes]:
+           pack: str | None, body: list, external: bool = False) -> list:
     """A record's bytes, in parts (written with one writev: the body is not copied)."""
-    meta = json.dumps({"ref": ref, "old": old, "new": new, "pack": pack and pack[0],
+    meta = json.dumps({"ref": ref, "old": old, "new": new, "pack": pack,
+                       "external": external,
                        "logs": [[log, line.decode()] for log, line in logs]},
                       separators=(",", ":")).encode()
-    body = pack[1] if pack else b""
-    digest = _digest(meta, body)
-    return [RECORD.pack(RECORD_MAGIC, len(meta), len(body), digest), meta, body]
+    h = xxhash.xxh3_128(meta)
+    for part in body:
+        h.update(part)
+    size = sum(memoryview(part).nbytes for part in body)
+    return [RECORD.pack(RECORD_MAGIC, len(meta), size, h.digest()), meta, *body]
 
 
 def _digest(meta: bytes, body: bytes | memoryview) -> bytes:
@@ -139,7 +144,7 @@ def parse(data: bytes, start: int = HEADER.size) -> tuple[list[Record], int]:
             m = json.loads(meta)
             out.append(Record(at, end, m["ref"], m["old"], m["new"],
                               [(log, line.encode()) for log, line in m["logs"]], m["pack"],
-                              bytes(body)))
+                              bytes(body), bool(m.get("external"))))
         except (ValueError, KeyError, TypeError, AttributeError):
             break
         at = end
@@ -224,9 +229,17 @@ class Journal:
         start = header[1] if from_boot and header[1] >= HEADER.size else HEADER.size
         data = _read_all(fd, size)
         records, end = parse(data, HEADER.size)
-        for record in records:
-            if record.offset >= start or not from_boot:
-                self._apply(record, recovering=True)
+        for i, record in enumerate(records):
+            if record.offset < start and from_boot:
+                continue
+            if record.external and not self.objects.pack_intact(record.pack):
+                # its commit's round of fsyncs never ended (a record is appended only
+                # after the one before is done): neither it nor anything after it was
+                # reported; its half-written pack goes with it
+                discard(Path(self.objects._pack_dir) / record.pack)
+                records, end = records[:i], record.offset
+                break
+            self._apply(record, recovering=True)
         if end < size:  # a torn record at the end: it was never durable, nor reported
             os.ftruncate(fd, end)
         if not from_boot:  # after a reboot: make it all durable, then start afresh
@@ -255,14 +268,29 @@ class Journal:
                     f"{short_ref(name)} moved: expected {(expected or 'none')[:12]}, found "
                     f"{(old or 'none')[:12]} (another process updated it); retry")
             logs = [(log, refs.log_line(old, new, reason)) for log in refs.logs_for(name)]
-            sealed = self.objects.sealed()
-            record = encode(name, old, new, logs, sealed)
-            end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
-            before_append()
-            self._append(fd, record, size)
+            file, chunks, nbytes = self.objects.sealed() or (None, [], 0)
+            # a big pack (a first commit) is written once, to its own file, fsynced in the
+            # same round as the record, instead of into the journal and then again
+            pack_fd = self.objects.place_pack(file, chunks, keep_open=True) \
+                if file and nbytes >= EXTERNAL_MIN else None
             try:
-                self._apply(Record(size, end, name, old, new, logs, sealed and sealed[0],
-                                   record[2]), recovering=False)
+                external = pack_fd is not None
+                record = encode(name, old, new, logs, file, [] if external else chunks,
+                                external)
+                end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
+                before_append()
+                self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
+                             if external else [])
+            except BaseException:
+                if external:
+                    discard(Path(self.objects._pack_dir) / file)
+                raise
+            finally:
+                if pack_fd is not None:
+                    os.close(pack_fd)
+            try:
+                self._apply(Record(size, end, name, old, new, logs, file, chunks, external),
+                            recovering=False)
             except BaseException:
                 if refs.read_raw(name) != new:  # not applied: as if never committed
                     self._take_back(fd, size)
@@ -272,16 +300,25 @@ class Journal:
                 self._checkpoint(fd, parse(_read_all(fd, end))[0])
         return old
 
-    def _append(self, fd: int, record: list[bytes], size: int) -> None:
-        """The commit point: the record written and fdatasynced; on failure, taken back."""
+    def _append(self, fd: int, record: list, size: int, also: list | None = None) -> None:
+        """The commit point: the record written and fdatasynced (with `also`, fds or
+        paths, fsynced in the same round); on failure, taken back."""
+        opened = []
         try:
             os.lseek(fd, size, os.SEEK_SET)
             if os.writev(fd, record) != sum(len(part) for part in record):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a partial record
-            os.fdatasync(fd)
+            if also:
+                opened = [os.open(p, os.O_RDONLY) for p in also if isinstance(p, str)]
+                _fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
+            else:
+                os.fdatasync(fd)
         except OSError as exc:
             self._take_back(fd, size)
             raise storage_error(exc, self.vrl_dir, "writing the commit journal") from exc
+        finally:
+            for f in opened:
+                os.close(f)
 
     def _take_back(self, fd: int, size: int) -> None:
         """Cut the journal back to `size` (the record failed: nothing was reported)."""
@@ -296,9 +333,10 @@ class Journal:
         refs = self.refs
         if record.pack:
             if not recovering:
-                self.objects.land_sealed(record.body)
-            elif not self.objects.pack_bytes_equal(record.pack, record.body):
-                self.objects.place_pack(record.pack, record.body)
+                self.objects.land_sealed(placed=record.external)
+            elif not record.external and \
+                    not self.objects.pack_bytes_equal(record.pack, record.body):
+                self.objects.place_pack(record.pack, [record.body])
         if recovering:
             current = refs.read_raw(record.ref)
             # a ref whose content a power cut lost reads as empty (None) or garbage

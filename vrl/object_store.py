@@ -714,20 +714,22 @@ class FileObjectStore(ObjectStore):
                 self._batching = True
             self._register_pack(*written)
 
-    def sealed(self) -> tuple[str, bytes] | None:
-        """The sealed batch's pack: (file name, bytes), or None if it staged nothing."""
+    def sealed(self) -> tuple[str, list[bytes | memoryview], int] | None:
+        """The sealed batch's pack: (file name, chunks, size), or None if it staged nothing."""
         if self._sealed is None:
             return None
         name, chunks, _ = self._sealed
-        return f"pack-{name}.pack", b"".join(chunks)
+        return f"pack-{name}.pack", chunks, sum(memoryview(c).nbytes for c in chunks)
 
-    def land_sealed(self, data: bytes | None = None) -> None:
+    def land_sealed(self, placed: bool = False) -> None:
         """Write the sealed pack into objects/pack/ WITHOUT fsync (the commit journal holds
-        it durably) and index it; its objects are read from there from now on."""
+        it durably; `placed`: `link_pack` wrote it already) and index it; its objects are
+        read from there from now on."""
         if self._sealed is not None:
             name, chunks, entries = self._sealed
             file = f"pack-{name}.pack"
-            self.place_pack(file, data if data is not None else b"".join(chunks))
+            if not placed:
+                self.place_pack(file, chunks)
             self._register_pack(file, entries)
         self.drop_sealed()
 
@@ -735,26 +737,34 @@ class FileObjectStore(ObjectStore):
         self._sealed = None
         self._staged = {}
 
-    def place_pack(self, file: str, data: bytes | memoryview) -> None:
-        """Write a pack file by temp file and rename, without fsync (the commit journal's
-        materialisation and replay: the journal holds the bytes durably)."""
+    def place_pack(self, file: str, chunks: Iterable[bytes | memoryview],
+                   keep_open: bool = False) -> int | None:
+        """Write a pack file by temp file and rename (its name appears only once it is
+        whole), without fsync: the commit journal holds its bytes durably, or (with
+        `keep_open`, then its fd is returned) the caller fsyncs it with the journal's
+        record, in the same round."""
         final = f"{self._pack_dir}/{file}"
         tmp = f"{self._pack_dir}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = -1
         try:
             try:
                 fd = os.open(tmp, flags, 0o444)
             except FileNotFoundError:  # a repository made before `init` made pack/
                 os.makedirs(self._pack_dir, exist_ok=True)
                 fd = os.open(tmp, flags, 0o444)
-            try:
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
+            # one write call: a syscall per object cost more than the copy
+            _write_all(fd, b"".join(chunks))
             os.replace(tmp, final)
         except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
             discard(Path(tmp))
             raise storage_error(exc, self.root.parent, f"writing pack {file[5:15]}") from exc
+        if keep_open:
+            return fd
+        os.close(fd)
+        return None
 
     def pack_bytes_equal(self, file: str, data: bytes | memoryview) -> bool:
         """Whether objects/pack/`file` holds exactly `data` (a replay's idempotence check)."""
@@ -763,6 +773,10 @@ class FileObjectStore(ObjectStore):
                 return f.read() == data
         except OSError:
             return False
+
+    def pack_intact(self, file: str) -> bool:
+        """Whether objects/pack/`file` is a whole pack whose every object matches its id."""
+        return not pack.check(f"{self._pack_dir}/{file}")
 
     def _write_staged(self, staged: dict[ObjectId, bytes]) -> tuple[str, pack.Entries] | None:
         if len(staged) < PACK_MIN_OBJECTS:

@@ -12,6 +12,10 @@ concurrently and a journalling filesystem commits them together):
      (everything the ref will name is durable before the ref's rename);
   3. after the ref's rename: the ref directory (the commit is durable on return).
 
+With the commit journal (vrl/journal.py, vrl's default on Linux) a commit is one round:
+the record appended and fdatasynced, then the pack, reflog line and ref written without
+fsync (a big pack: written to its own file, fsynced in that same round).
+
 This script times exactly those file operations with no vrl code around them (the floor),
 one round fewer and one more (vrl before this change made four: the pack directory had a
 round of its own), interleaved with the baselines of bench/store_bench.py (save_file /
@@ -40,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from store_bench import durable, small_policy  # noqa: E402
 
 from vrl import Repo  # noqa: E402
+from vrl.refs import _exchange  # noqa: E402
 
 POOL = ThreadPoolExecutor(8)
 
@@ -85,6 +90,42 @@ def protocol(root: str, payload: bytes, rounds: int, serial: list[int]) -> None:
     fsync_path(f"{root}/refs")  # last round: the ref's rename
 
 
+def journaled(root: str, payload: bytes, jfd: int, serial: list[int], own_file: bool
+              ) -> None:
+    """The file operations of a commit through the commit journal (vrl/journal.py): the
+    record appended and fdatasynced (the commit point; with `own_file`, as for a big pack,
+    the pack goes to its own file fsynced in the same round with its directory and a small
+    record), then the pack, reflog line and ref written without fsync."""
+    serial[0] += 1
+    n = serial[0]
+    pack_tmp = f"{root}/pack/.tmp-{n}"
+    if own_file:
+        fd = os.open(pack_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        os.write(fd, payload)
+        os.rename(pack_tmp, f"{root}/pack/pack-{n}")
+        os.write(jfd, b"r" * 400)
+        pfd = os.open(f"{root}/pack", os.O_RDONLY)
+        list(POOL.map(os.fsync, [jfd, fd, pfd]))
+        os.close(pfd)
+        os.close(fd)
+    else:
+        os.write(jfd, payload)
+        os.fdatasync(jfd)
+        fd = os.open(pack_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        os.write(fd, payload)
+        os.close(fd)
+        os.rename(pack_tmp, f"{root}/pack/pack-{n}")
+    lfd = os.open(f"{root}/logs/main", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(lfd, b"x" * 171 + b"\n")
+    os.close(lfd)
+    ref_tmp = Path(f"{root}/refs/.tmp-{n}")
+    rfd = os.open(ref_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(rfd, b"0" * 64 + b"\n")
+    os.close(rfd)
+    if not _exchange(ref_tmp, Path(f"{root}/refs/main")):
+        os.rename(ref_tmp, f"{root}/refs/main")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +142,7 @@ def main() -> None:
         for sub in ("pack", "refs", "logs"):
             os.makedirs(f"{root}/{sub}")
         serial = [0]
+        jfd = os.open(f"{root}/journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         repos = work / "repos"
         repos.mkdir()
         incr_repo = Repo.init(work / "incr")
@@ -136,6 +178,10 @@ def main() -> None:
                 lambda: protocol(root, incr_pack, 3, serial), None),
             "(unsafe) 2 rounds, incremental pack": (
                 lambda: protocol(root, incr_pack, 2, serial), None),
+            "floor, journal, first-commit pack in its own file": (
+                lambda: journaled(root, first_pack, jfd, serial, True), None),
+            "floor, journal, incremental pack in the record": (
+                lambda: journaled(root, incr_pack, jfd, serial, False), None),
             "vrl first commit": (lambda: holder["repo"].commit(state, env=False),
                                  fresh_repo),
             "vrl incremental commit": (incremental, None),

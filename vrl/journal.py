@@ -273,25 +273,33 @@ class Journal:
             # same round as the record, instead of into the journal and then again
             pack_fd = self.objects.place_pack(file, chunks, keep_open=True) \
                 if file and nbytes >= EXTERNAL_MIN else None
+            external = pack_fd is not None
+            # the files the commit renames into place are written before its commit point
+            # (creating a file right after an fdatasync waited on the disk here)
+            staged: list[str | Path | None] = [None, None]
             try:
-                external = pack_fd is not None
                 record = encode(name, old, new, logs, file, [] if external else chunks,
                                 external)
                 end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
+                if file and not external:
+                    staged[0] = self.objects.stage_pack(chunks)
+                staged[1] = refs.prepare_file(refs._path(name), new + "\n")
                 before_append()
                 self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
                              if external else [])
             except BaseException:
                 if external:
                     discard(Path(self.objects._pack_dir) / file)
+                _discard_all(staged)
                 raise
             finally:
                 if pack_fd is not None:
                     os.close(pack_fd)
             try:
                 self._apply(Record(size, end, name, old, new, logs, file, chunks, external),
-                            recovering=False)
+                            recovering=False, staged=staged)
             except BaseException:
+                _discard_all(staged)
                 if refs.read_raw(name) != new:  # not applied: as if never committed
                     self._take_back(fd, size)
                 raise
@@ -327,13 +335,15 @@ class Journal:
             os.fdatasync(fd)
 
     # ------------------------------------------------------------------ applying
-    def _apply(self, record: Record, recovering: bool) -> None:
+    def _apply(self, record: Record, recovering: bool,
+               staged: list[str | Path | None] | None = None) -> None:
         """Materialise a record: its pack, reflog lines and ref, without fsync. Recovering,
         only what is missing (see the module's docstring)."""
         refs = self.refs
         if record.pack:
             if not recovering:
-                self.objects.land_sealed(placed=record.external)
+                self.objects.land_sealed(placed=record.external,
+                                         tmp=staged and staged[0])  # type: ignore[arg-type]
             elif not record.external and \
                     not self.objects.pack_bytes_equal(record.pack, record.body):
                 self.objects.place_pack(record.pack, [record.body])
@@ -352,7 +362,8 @@ class Journal:
                 appended.append(refs._append_log(log, record.old, record.new, "", line=line,
                                                  sync=False))
             if not recovering or refs.read_raw(record.ref) != record.new:
-                refs._write_file(refs._path(record.ref), record.new + "\n", sync=False)
+                refs._write_file(refs._path(record.ref), record.new + "\n", sync=False,
+                                 tmp=staged and staged[1])  # type: ignore[arg-type]
         except StorageError:
             for entry in reversed(appended):
                 refs._undo_log(*entry)
@@ -443,6 +454,12 @@ def create_journal(vrl_dir: Path) -> None:
             os.link(tmp, path)
     finally:
         discard(Path(tmp))
+
+
+def _discard_all(paths: list[str | Path | None]) -> None:
+    for path in paths:
+        if path is not None:
+            discard(Path(path))
 
 
 def _read_all(fd: int, size: int) -> bytes:

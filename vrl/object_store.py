@@ -721,17 +721,45 @@ class FileObjectStore(ObjectStore):
         name, chunks, _ = self._sealed
         return f"pack-{name}.pack", chunks, sum(memoryview(c).nbytes for c in chunks)
 
-    def land_sealed(self, placed: bool = False) -> None:
-        """Write the sealed pack into objects/pack/ WITHOUT fsync (the commit journal holds
-        it durably; `placed`: `link_pack` wrote it already) and index it; its objects are
-        read from there from now on."""
+    def land_sealed(self, placed: bool = False, tmp: str | None = None) -> None:
+        """Put the sealed pack into objects/pack/ WITHOUT fsync (the commit journal holds
+        it durably) and index it; its objects are read from there from now on. `placed`:
+        it is there already; `tmp`: `stage_pack` wrote it, it is only renamed."""
         if self._sealed is not None:
             name, chunks, entries = self._sealed
             file = f"pack-{name}.pack"
-            if not placed:
+            if tmp is not None:
+                try:
+                    os.replace(tmp, f"{self._pack_dir}/{file}")
+                except OSError as exc:
+                    discard(Path(tmp))
+                    raise storage_error(exc, self.root.parent, f"writing pack {name[:10]}"
+                                        ) from exc
+            elif not placed:
                 self.place_pack(file, chunks)
             self._register_pack(file, entries)
         self.drop_sealed()
+
+    def stage_pack(self, chunks: Iterable[bytes | memoryview]) -> str:
+        """Write a pack's bytes to a temp file in objects/pack/ (no fsync) for
+        `land_sealed(tmp=...)` to rename; the caller discards it if that never comes."""
+        tmp = f"{self._pack_dir}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            try:
+                fd = os.open(tmp, flags, 0o444)
+            except FileNotFoundError:  # a repository made before `init` made pack/
+                os.makedirs(self._pack_dir, exist_ok=True)
+                fd = os.open(tmp, flags, 0o444)
+            try:
+                # one write call: a syscall per object cost more than the copy
+                _write_all(fd, b"".join(chunks))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, "writing a pack") from exc
+        return tmp
 
     def drop_sealed(self) -> None:
         self._sealed = None

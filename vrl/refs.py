@@ -411,14 +411,39 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
+    def prepare_file(self, path: Path, text: str) -> Path:
+        """Write the temp file `_write_file(tmp=...)` swaps in later (the commit journal
+        writes it before its commit point: creating a file costs least then)."""
+        tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            make_dirs(path.parent, False)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            discard(tmp)
+            raise storage_error(exc, self.root, f"writing {path.name}") from exc
+        return tmp
+
     def _write_file(self, path: Path, text: str, durable_first: DurableFirst = (),
-                    sync: bool | None = None) -> None:
+                    sync: bool | None = None, tmp: Path | None = None) -> None:
         """Write the ref through a temp file renamed over it. The reflog lines appended
         just before (`_pending` fds) are fsynced together with the temp file: all of them
         are durable before the rename, which is all the order needs, and concurrent fsyncs
         share the journal's commits instead of waiting for one each. With `sync=False`
-        nothing is fsynced (the commit journal made the change durable already)."""
+        nothing is fsynced (the commit journal made the change durable already); `tmp`:
+        the temp file, written already by `prepare_file`."""
         sync = self.fsync if sync is None else sync
+        if tmp is not None and not sync:
+            try:
+                if not _exchange(tmp, path):
+                    os.replace(tmp, path)
+            except OSError as exc:
+                discard(tmp)
+                raise storage_error(exc, self.root, f"writing {path.name}") from exc
+            return
         tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
         try:
             make_dirs(path.parent, sync)

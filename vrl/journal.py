@@ -47,6 +47,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,17 @@ class _Handle:
 
 _HANDLES: dict[str, _Handle] = {}
 _HANDLES_LOCK = threading.Lock()
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The thread a record's fdatasync runs on (started once, as starting threads per
+    commit cost more than the work it overlaps)."""
+    if not _POOL:
+        with _HANDLES_LOCK:
+            if not _POOL:
+                _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="vrl-journal"))
+    return _POOL[0]
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
@@ -274,19 +286,22 @@ class Journal:
             pack_fd = self.objects.place_pack(file, chunks, keep_open=True) \
                 if file and nbytes >= EXTERNAL_MIN else None
             external = pack_fd is not None
-            # the files the commit renames into place are written before its commit point
-            # (creating a file right after an fdatasync waited on the disk here)
             staged: list[str | Path | None] = [None, None]
+
+            def stage() -> None:
+                """The files the commit renames into place, written while the record's
+                fdatasync runs (their creation cost as much as the disk's wait)."""
+                if file and not external:
+                    staged[0] = self.objects.stage_pack(chunks)
+                staged[1] = refs.prepare_file(refs._path(name), new + "\n")
+
             try:
                 record = encode(name, old, new, logs, file, [] if external else chunks,
                                 external)
                 end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
-                if file and not external:
-                    staged[0] = self.objects.stage_pack(chunks)
-                staged[1] = refs.prepare_file(refs._path(name), new + "\n")
                 before_append()
                 self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
-                             if external else [])
+                             if external else [], meanwhile=stage)
             except BaseException:
                 if external:
                     discard(Path(self.objects._pack_dir) / file)
@@ -308,25 +323,40 @@ class Journal:
                 self._checkpoint(fd, parse(_read_all(fd, end))[0])
         return old
 
-    def _append(self, fd: int, record: list, size: int, also: list | None = None) -> None:
+    def _append(self, fd: int, record: list, size: int, also: list | None = None,
+                meanwhile: Callable[[], None] | None = None) -> None:
         """The commit point: the record written and fdatasynced (with `also`, fds or
-        paths, fsynced in the same round); on failure, taken back."""
-        opened = []
-        try:
-            os.lseek(fd, size, os.SEEK_SET)
-            if os.writev(fd, record) != sum(len(part) for part in record):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a partial record
+        paths, fsynced in the same round) on a worker thread while this one runs
+        `meanwhile`; on any failure, the record is taken back."""
+        opened: list[int] = []
+
+        def sync() -> None:
             if also:
-                opened = [os.open(p, os.O_RDONLY) for p in also if isinstance(p, str)]
+                opened.extend(os.open(p, os.O_RDONLY) for p in also if isinstance(p, str))
                 _fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
             else:
                 os.fdatasync(fd)
+
+        try:
+            try:
+                os.lseek(fd, size, os.SEEK_SET)
+                if os.writev(fd, record) != sum(len(part) for part in record):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # partial
+                synced = _pool().submit(sync)
+                try:
+                    if meanwhile is not None:
+                        meanwhile()
+                finally:
+                    synced.result()  # waited for even when `meanwhile` failed
+            finally:
+                for f in opened:
+                    os.close(f)
         except OSError as exc:
             self._take_back(fd, size)
             raise storage_error(exc, self.vrl_dir, "writing the commit journal") from exc
-        finally:
-            for f in opened:
-                os.close(f)
+        except BaseException:
+            self._take_back(fd, size)
+            raise
 
     def _take_back(self, fd: int, size: int) -> None:
         """Cut the journal back to `size` (the record failed: nothing was reported)."""

@@ -292,8 +292,8 @@ class Journal:
                 """The files the commit renames into place, written while the record's
                 fdatasync runs (their creation cost as much as the disk's wait)."""
                 if file and not external:
-                    staged[0] = self.objects.stage_pack(chunks)
-                staged[1] = refs.prepare_file(refs._path(name), new + "\n")
+                    staged[0] = self.objects.stage_pack(chunks)[0]
+                staged[1] = refs.prepare_file(refs._path(name), new + "\n")[0]
 
             try:
                 record = encode(name, old, new, logs, file, [] if external else chunks,

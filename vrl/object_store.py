@@ -740,38 +740,11 @@ class FileObjectStore(ObjectStore):
             self._register_pack(file, entries)
         self.drop_sealed()
 
-    def stage_pack(self, chunks: Iterable[bytes | memoryview]) -> str:
-        """Write a pack's bytes to a temp file in objects/pack/ (no fsync) for
-        `land_sealed(tmp=...)` to rename; the caller discards it if that never comes."""
-        tmp = f"{self._pack_dir}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        try:
-            try:
-                fd = os.open(tmp, flags, 0o444)
-            except FileNotFoundError:  # a repository made before `init` made pack/
-                os.makedirs(self._pack_dir, exist_ok=True)
-                fd = os.open(tmp, flags, 0o444)
-            try:
-                # one write call: a syscall per object cost more than the copy
-                _write_all(fd, b"".join(chunks))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            discard(Path(tmp))
-            raise storage_error(exc, self.root.parent, "writing a pack") from exc
-        return tmp
-
-    def drop_sealed(self) -> None:
-        self._sealed = None
-        self._staged = {}
-
-    def place_pack(self, file: str, chunks: Iterable[bytes | memoryview],
-                   keep_open: bool = False) -> int | None:
-        """Write a pack file by temp file and rename (its name appears only once it is
-        whole), without fsync: the commit journal holds its bytes durably, or (with
-        `keep_open`, then its fd is returned) the caller fsyncs it with the journal's
-        record, in the same round."""
-        final = f"{self._pack_dir}/{file}"
+    def stage_pack(self, chunks: Iterable[bytes | memoryview], keep_open: bool = False
+                   ) -> tuple[str, int | None]:
+        """Write a pack's bytes to a temp file in objects/pack/ (no fsync); return its
+        path (to be renamed by the caller, or discarded if that never comes) and, with
+        `keep_open`, an open fd of it (else None)."""
         tmp = f"{self._pack_dir}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         fd = -1
@@ -783,16 +756,35 @@ class FileObjectStore(ObjectStore):
                 fd = os.open(tmp, flags, 0o444)
             # one write call: a syscall per object cost more than the copy
             _write_all(fd, b"".join(chunks))
-            os.replace(tmp, final)
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
             discard(Path(tmp))
-            raise storage_error(exc, self.root.parent, f"writing pack {file[5:15]}") from exc
+            raise storage_error(exc, self.root.parent, "writing a pack") from exc
         if keep_open:
-            return fd
+            return tmp, fd
         os.close(fd)
-        return None
+        return tmp, None
+
+    def drop_sealed(self) -> None:
+        self._sealed = None
+        self._staged = {}
+
+    def place_pack(self, file: str, chunks: Iterable[bytes | memoryview],
+                   keep_open: bool = False) -> int | None:
+        """Write a pack file by temp file and rename (its name appears only once it is
+        whole), without fsync: the commit journal holds its bytes durably, or (with
+        `keep_open`, then its fd is returned) the caller fsyncs it with the journal's
+        record, in the same round."""
+        tmp, fd = self.stage_pack(chunks, keep_open)
+        try:
+            os.replace(tmp, f"{self._pack_dir}/{file}")
+        except OSError as exc:
+            if fd is not None:
+                os.close(fd)
+            discard(Path(tmp))
+            raise storage_error(exc, self.root.parent, f"writing pack {file[5:15]}") from exc
+        return fd
 
     def pack_bytes_equal(self, file: str, data: bytes | memoryview) -> bool:
         """Whether objects/pack/`file` holds exactly `data` (a replay's idempotence check)."""

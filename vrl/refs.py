@@ -411,21 +411,27 @@ class RefStore:
             os.close(fd)  # releases the flock
         return True
 
-    def prepare_file(self, path: Path, text: str) -> Path:
-        """Write the temp file `_write_file(tmp=...)` swaps in later (the commit journal
-        writes it before its commit point: creating a file costs least then)."""
+    def prepare_file(self, path: Path, text: str, keep_open: bool = False,
+                     sync: bool = False) -> tuple[Path, int | None]:
+        """Write the ref's temp file (with `sync`, its new folders made durable); return
+        it and, with `keep_open`, an open fd of it. `_write_file(tmp=...)` swaps it in:
+        the commit journal writes it while its record's fdatasync runs."""
         tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
         try:
-            make_dirs(path.parent, False)
+            make_dirs(path.parent, sync)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, text.encode())
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
         except OSError as exc:
             discard(tmp)
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
-        return tmp
+        if keep_open:
+            return tmp, fd
+        os.close(fd)
+        return tmp, None
 
     def _write_file(self, path: Path, text: str, durable_first: DurableFirst = (),
                     sync: bool | None = None, tmp: Path | None = None) -> None:
@@ -433,23 +439,15 @@ class RefStore:
         just before (`_pending` fds) are fsynced together with the temp file: all of them
         are durable before the rename, which is all the order needs, and concurrent fsyncs
         share the journal's commits instead of waiting for one each. With `sync=False`
-        nothing is fsynced (the commit journal made the change durable already); `tmp`:
-        the temp file, written already by `prepare_file`."""
+        nothing is fsynced (the commit journal made the change durable already) and the
+        file is swapped in (`_exchange`); `tmp`: written already by `prepare_file`."""
         sync = self.fsync if sync is None else sync
-        if tmp is not None and not sync:
-            try:
-                if not _exchange(tmp, path):
-                    os.replace(tmp, path)
-            except OSError as exc:
-                discard(tmp)
-                raise storage_error(exc, self.root, f"writing {path.name}") from exc
-            return
-        tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+        fd = None
+        if tmp is None:
+            tmp, fd = self.prepare_file(path, text, keep_open=sync, sync=sync)
         try:
-            make_dirs(path.parent, sync)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                os.write(fd, text.encode())
+                # (a function waits for the objects' own writes meanwhile)
                 folders = durable_first() if callable(durable_first) else durable_first
                 if sync:
                     pending = self._local.pending  # set by _write_logged, which closes them
@@ -457,7 +455,8 @@ class RefStore:
                         pending.append(os.open(folder, os.O_RDONLY))
                     _fsync_all([fd, *pending])
             finally:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             if sync or not _exchange(tmp, path):
                 os.replace(tmp, path)
             if sync:

@@ -730,7 +730,13 @@ class FileObjectStore(ObjectStore):
             file = f"pack-{name}.pack"
             if tmp is not None:
                 try:
+                    before = os.stat(self._pack_dir).st_mtime_ns
                     os.replace(tmp, f"{self._pack_dir}/{file}")
+                    if before == self._pack_dir_mtime:
+                        # only this rename changed the folder since the last look (to the
+                        # clock's tick, the precision `_refresh` already accepts): the
+                        # next commit need not list it again for a pack it knows
+                        self._pack_dir_mtime = os.stat(self._pack_dir).st_mtime_ns
                 except OSError as exc:
                     discard(Path(tmp))
                     raise storage_error(exc, self.root.parent, f"writing pack {name[:10]}"

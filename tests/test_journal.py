@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -229,3 +230,62 @@ def test_without_a_boot_id_or_when_turned_off_commits_take_three_rounds(tmp_path
     assert repo.journal is None and not repo._journaled
     cid = repo.commit(policy(0), env=False)
     assert Repo(tmp_path).head() == cid
+
+
+def test_a_hostile_journal_writes_nothing_outside_the_repository(tmp_path, monkeypatch):
+    """A repository copied from elsewhere is replayed on open (another boot id): records
+    naming a pack, ref or reflog outside the repository's own places are not applied."""
+    repo = Repo.init(tmp_path / "repo")
+    cid = repo.commit(policy(0), env=False)
+    good = records(repo)[0]
+    path = repo.vrl_dir / "journal"
+    for ref, log, pack in (("refs/heads/../../../../outside", "refs/heads/main", None),
+                           ("refs/heads/main", "../../../outside", None),
+                           ("refs/heads/main", "refs/heads/main", "../../../outside.pack")):
+        header = path.read_bytes()[:journal.HEADER.size]
+        record = journal.encode(ref, None, cid, [(log, good.logs[0][1])], pack, [b"x" * 64])
+        path.write_bytes(header + b"".join(record))
+        monkeypatch.setattr(journal, "boot_id", lambda: "another-machine")
+        Repo(tmp_path / "repo")
+        monkeypatch.undo()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+        assert not list((tmp_path / "repo").glob("outside*"))
+    assert Repo(tmp_path / "repo", verify=True).fsck()["ok"]
+
+
+def test_a_repository_made_again_at_the_same_path_gets_its_own_journal(tmp_path):
+    import shutil
+
+    first = Repo.init(tmp_path / "repo")
+    first.commit(policy(0), env=False)
+    shutil.rmtree(tmp_path / "repo")
+    again = Repo.init(tmp_path / "repo")
+    cid = again.commit(policy(1), env=False)
+    assert [r.new for r in records(again)] == [cid]  # not the deleted file's
+
+
+def test_a_forked_child_commits_through_its_own_threads(tmp_path):
+    """A child forked after commits inherits the pools' objects but not their threads:
+    work handed to them would wait forever."""
+    repo = Repo.init(tmp_path)
+    repo.commit(policy(0), env=False)
+    pid = os.fork()
+    if pid == 0:  # the child: commit, then leave without running the parent's cleanup
+        code = 1
+        try:
+            Repo(tmp_path).commit(policy(1), env=False)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child's commit hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(list(Repo(tmp_path).log())) == 2

@@ -44,19 +44,19 @@ import errno
 import fcntl
 import json
 import os
+import re
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
-from vrl.errors import RefConflictError, RevisionError, StorageError
-from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
+from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
+from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error, thread_pool
 from vrl.objects import ObjectId, is_object_id
-from vrl.refs import ANY, RefStore, _fsync_all, short_ref
+from vrl.refs import ANY, RefStore, _fsync_all, check_ref_name, short_ref
 
 HEADER = struct.Struct("<8s40sQ8x")
 MAGIC = b"vrljrnl1"
@@ -104,17 +104,6 @@ class _Handle:
 
 _HANDLES: dict[str, _Handle] = {}
 _HANDLES_LOCK = threading.Lock()
-_POOL: list[ThreadPoolExecutor] = []
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The thread a record's fdatasync runs on (started once, as starting threads per
-    commit cost more than the work it overlaps)."""
-    if not _POOL:
-        with _HANDLES_LOCK:
-            if not _POOL:
-                _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="vrl-journal"))
-    return _POOL[0]
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
@@ -154,13 +143,43 @@ def parse(data: bytes, start: int = HEADER.size) -> tuple[list[Record], int]:
             break
         try:
             m = json.loads(meta)
-            out.append(Record(at, end, m["ref"], m["old"], m["new"],
-                              [(log, line.encode()) for log, line in m["logs"]], m["pack"],
-                              bytes(body), bool(m.get("external"))))
+            record = Record(at, end, m["ref"], m["old"], m["new"],
+                            [(log, line.encode()) for log, line in m["logs"]], m["pack"],
+                            bytes(body), m.get("external") is True)
         except (ValueError, KeyError, TypeError, AttributeError):
             break
+        if not _well_formed(record):  # names a replay would write outside its place
+            break
+        out.append(record)
         at = end
     return out, at
+
+
+_PACK_FILE = re.compile(r"pack-[0-9a-f]{64}\.pack")
+
+
+def _well_formed(record: Record) -> bool:
+    """Whether a parsed record only names what a commit's record can: a ref (and reflogs)
+    by a valid name, commit ids, a pack file by its name, one reflog line each. A journal
+    copied with a repository is read like any of its files: nothing in it may make a
+    replay write outside the repository's own refs, logs and packs."""
+    def ref_name(name: object) -> bool:
+        if name == "HEAD":
+            return True
+        try:
+            return isinstance(name, str) and name.startswith("refs/") and \
+                check_ref_name(name) == name
+        except VrlError:
+            return False
+
+    return (ref_name(record.ref) and is_object_id(record.new)
+            and (record.old is None or is_object_id(record.old))
+            and (record.pack is None or (isinstance(record.pack, str)
+                                         and _PACK_FILE.fullmatch(record.pack) is not None))
+            and not (record.external and record.body)
+            and isinstance(record.logs, list)
+            and all(ref_name(log) and line.endswith(b"\n") and line.count(b"\n") == 1
+                    for log, line in record.logs))
 
 
 class Journal:
@@ -181,7 +200,10 @@ class Journal:
     def _handle(self) -> _Handle:
         with _HANDLES_LOCK:
             handle = _HANDLES.get(self.path)
-            if handle is not None and handle.pid != os.getpid():  # forked: not ours
+            # forked (the parent's), or the journal deleted since (a repository removed
+            # and made again at this path): not the file to write to
+            if handle is not None and (handle.pid != os.getpid() or
+                                       os.fstat(handle.fd).st_nlink == 0):
                 handle = None
             if handle is None:
                 if not os.path.exists(self.path):
@@ -342,7 +364,7 @@ class Journal:
                 os.lseek(fd, size, os.SEEK_SET)
                 if os.writev(fd, record) != sum(len(part) for part in record):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # partial
-                synced = _pool().submit(sync)
+                synced = thread_pool("vrl-journal", 1).submit(sync)
                 try:
                     if meanwhile is not None:
                         meanwhile()

@@ -140,6 +140,24 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
+_POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """A long-lived pool of this process (starting threads per commit cost more than the
+    work they overlap). Per process: a forked child inherits the parent's pool objects
+    but not its threads, and work submitted to them would wait forever."""
+    key = (name, os.getpid())
+    pool = _POOLS.get(key)
+    if pool is None:
+        with _POOLS_LOCK:
+            pool = _POOLS.get(key)
+            if pool is None:
+                pool = _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+    return pool
+
+
 def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -216,7 +234,6 @@ class FileObjectStore(ObjectStore):
         self.fsync = fsync
         self.verify_reads = verify_reads
         self._dirty_dirs: set[str] = set()
-        self._pool: ThreadPoolExecutor | None = None
         self._batching = False
         self._pending: list[Future] = []
         self._inflight: set[str] = set()
@@ -647,11 +664,7 @@ class FileObjectStore(ObjectStore):
         self._dirty_dirs.add(os.path.dirname(final))
 
     def _executor(self) -> ThreadPoolExecutor:
-        # One pool for the store's lifetime: starting threads per commit cost more than
-        # the small snapshots they flushed.
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(4, thread_name_prefix="vrl-fsync")
-        return self._pool
+        return thread_pool("vrl-fsync", 4)
 
     @contextlib.contextmanager
     def batch(self, defer: bool = False, seal: bool = False) -> Iterator[None]:

@@ -25,7 +25,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +37,7 @@ from vrl.errors import (
     StorageError,
     VrlError,
 )
-from vrl.object_store import _fsync_dir, discard, make_dirs, storage_error
+from vrl.object_store import _fsync_dir, discard, make_dirs, storage_error, thread_pool
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
@@ -671,7 +671,6 @@ class RefStore:
             self._remove_log(name)
 
 
-_POOL: ThreadPoolExecutor | None = None
 _RENAMEAT2: list = []  # [the libc function, or None where there is none]
 
 
@@ -711,13 +710,11 @@ def _exchange(tmp: Path, path: Path) -> bool:
 def _fsync_all(fds: list[int]) -> None:
     """fsync these files (and directories) concurrently: a journalling filesystem commits
     them together, where one after another each waits for its own commit."""
-    global _POOL
     if len(fds) == 1:
         os.fsync(fds[0])
         return
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(8, thread_name_prefix="vrl-ref-fsync")
-    futures = [_POOL.submit(os.fsync, fd) for fd in fds[1:]]
+    pool = thread_pool("vrl-ref-fsync", 8)
+    futures = [pool.submit(os.fsync, fd) for fd in fds[1:]]
     try:
         os.fsync(fds[0])  # this thread does one itself instead of waiting idle
     finally:

@@ -85,6 +85,8 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     seen: dict[tuple, str] = {}
     torch = _torch()
     np = sys.modules.get("numpy")
+    tensor_type = torch.Tensor if torch is not None else None
+    strided = torch.strided if torch is not None else None
 
     def name_for(path: list[str]) -> str:
         name = SEP.join(path) or "tensor"
@@ -95,25 +97,28 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
         return name
 
     def enc(value: Any, path: list[str]) -> Any:
-        if isinstance(value, RawTensor):
+        # torch tensors first: a state dict is mostly them (every commit walks it)
+        if tensor_type is not None and isinstance(value, tensor_type):
+            if value.layout != strided or value.is_quantized:
+                raise CheckpointError(f"tensor {SEP.join(path)!r} is sparse or quantized; "
+                                      "convert it to a dense tensor first")
             name = name_for(path)
             tensors[name] = value
-            if value.nbytes:  # one object under several names: tied, as torch storages
-                key = ("raw", id(value))
+            if value.numel() > 0 and not value.is_meta:
+                # (is_cpu first: `device.type` costs more than the rest of the key)
+                key = ("cpu" if value.is_cpu else value.device.type,
+                       value.untyped_storage().data_ptr(), value.storage_offset(),
+                       tuple(value.shape), value.stride(), value.dtype)
                 if key in seen:
                     ties[name] = seen[key]
                 else:
                     seen[key] = name
             return {"$t": name}
-        if torch is not None and isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_quantized:
-                raise CheckpointError(f"tensor {SEP.join(path)!r} is sparse or quantized; "
-                                      "convert it to a dense tensor first")
+        if isinstance(value, RawTensor):
             name = name_for(path)
             tensors[name] = value
-            if value.numel() > 0 and value.device.type != "meta":
-                key = (value.device.type, value.untyped_storage().data_ptr(),
-                       value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
+            if value.nbytes:  # one object under several names: tied, as torch storages
+                key = ("raw", id(value))
                 if key in seen:
                     ties[name] = seen[key]
                 else:
@@ -194,10 +199,37 @@ def unflatten(tree: Any, tensors: Mapping[str, Any], raw: bool = False) -> Any:
     return dec(tree)
 
 
+# dtypes whose CPU tensors numpy views as they are (tensor_bytes' fast path) -> their name
+_NUMPY_VIEWABLE: dict[Any, str] = {}
+
+
+def _numpy_viewable() -> dict[Any, str]:
+    import torch
+
+    if not _NUMPY_VIEWABLE:
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
+                      torch.int16, torch.int8, torch.uint8, torch.bool):
+            _NUMPY_VIEWABLE[dtype] = _dtype_name(dtype)
+    return _NUMPY_VIEWABLE
+
+
 def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     """(raw little-endian bytes, dtype name, shape, keep-alive) of a tensor or array."""
     if isinstance(value, RawTensor):
         return value.data, value.dtype, value.shape, value
+    torch = _torch()
+    if torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter) and \
+            not value.requires_grad and value.is_cpu and value.is_contiguous():
+        # The common case, in a few calls (every commit reads every tensor): a plain,
+        # contiguous CPU tensor of a dtype numpy knows is viewed as it is, no copy
+        name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
+        if name is not None:
+            try:
+                view = memoryview(value.numpy()).cast("B")
+            except (RuntimeError, TypeError):  # a negative-bit view, no elements: below
+                pass
+            else:
+                return view, name, tuple(value.shape), value
     import numpy as np
 
     if isinstance(value, np.ndarray):

@@ -107,28 +107,56 @@ def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
                             "(e.g. dotted keys)")
 
 
-def _clean(value: Any) -> Any:
-    """Make metadata JSON-safe and deterministic: non-finite floats become strings."""
+def _clean(value: Any, left: int = -1, what: str = "") -> Any:
+    """Make metadata JSON-safe and deterministic: non-finite floats become strings.
+
+    With `left` >= 0, nesting deeper than `left` containers raises MetadataError (as
+    `check_depth(value, what, left)` would), checked in the same pass."""
+    # the exact JSON types first, by type (a commit cleans its statistics every time)
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+            return value
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if kind is dict or kind is list or isinstance(value, (dict, list, tuple)):
+        if left == 0:
+            raise MetadataError(f"{what} nests deeper than {MAX_DEPTH} levels; flatten it "
+                                "(e.g. dotted keys)")
+        left -= 1
+        if kind is dict:
+            return {k if type(k) is str else str(k): _clean(v, left, what)
+                    for k, v in value.items()}
+        if kind is list:
+            return [_clean(v, left, what) for v in value]
+    return _clean_other(value, left, what)
+
+
+def _clean_other(value: Any, left: int, what: str) -> Any:
+    """`_clean` of anything but the exact JSON types (subclasses, tuples, numpy scalars)."""
     if isinstance(value, float):
         if math.isfinite(value):
             return value
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): _clean(v, left, what) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [_clean(v, left, what) for v in value]
     if value is None or isinstance(value, (str, int, bool)):
         return value
     if hasattr(value, "item"):  # numpy / torch scalars in metrics
-        return _clean(value.item())
+        return _clean(value.item(), left, what)
     return str(value)
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)  # made once (json.dumps makes one per call)
 
 
 def canonical_json(value: Any) -> bytes:
     """Byte-stable JSON: sorted keys, no whitespace, UTF-8, finite numbers only."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
@@ -323,14 +351,14 @@ class Commit:
             raise MetadataError(f"invalid commit: {problem}")
 
     def to_json(self) -> dict[str, Any]:
-        for name in _DICT_FIELDS:
-            check_depth(getattr(self, name), f"commit {name}")
+        # each field cleaned and its depth checked in one pass
+        clean = {name: _clean(getattr(self, name), MAX_DEPTH, f"commit {name}")
+                 for name in _DICT_FIELDS}
         return {
             "format": FORMAT, "manifest": self.manifest, "parents": list(self.parents),
             "message": self.message, "author": self.author, "time": self.time,
-            "hparams": _clean(self.hparams), "metrics": _clean(self.metrics),
-            "env": _clean(self.env), "step": self.step, "stats": _clean(self.stats),
-            "meta": _clean(self.meta),
+            "hparams": clean["hparams"], "metrics": clean["metrics"], "env": clean["env"],
+            "step": self.step, "stats": clean["stats"], "meta": clean["meta"],
         }
 
     def to_bytes(self) -> bytes:

@@ -674,7 +674,9 @@ class Repo(Maintenance, WorkspaceMixin):
         message = fields["message"]
         attempt = 0
         while True:
-            parent = self.refs.read(ref)
+            # the parent the statistics were computed against, read moments ago: re-read
+            # only after a lost compare-and-swap (the swap itself checks it, under the lock)
+            parent = self.refs.read(ref) if attempt else early[0]
             if parent and not allow_empty and self.read_commit(parent).manifest == mid:
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                      f"({parent[:12]}); use --allow-empty to commit "

@@ -424,3 +424,42 @@ def test_restored_big_tensors_are_private_writable_maps(repo):
         t.zero_()  # in place, as an optimizer step would
     assert_same(Repo(repo.workdir).load(cid), big)
     assert Repo(repo.workdir).fsck()["ok"]
+
+
+def test_commit_raced_after_its_statistics_is_reparented(repo, monkeypatch):
+    """The commit loop's first attempt uses the parent read for the statistics; another
+    commit landing between that read and the compare-and-swap (here: while the big
+    tensors are synced) makes the swap fail, and the commit is re-parented onto it with
+    its statistics recomputed."""
+    first = repo.commit({"w": torch.zeros(3)})
+    other = Repo(repo.workdir)  # another Repo object (as another process) moves the ref
+    real_sync = repo.objects.sync
+    raced = []
+
+    def racing_sync():
+        real_sync()
+        if not raced:
+            raced.append(other.commit({"w": torch.ones(3)}, message="other"))
+
+    monkeypatch.setattr(repo.objects, "sync", racing_sync)
+    mine = repo.commit({"w": torch.full((3,), 3.0)}, message="mine")
+    assert [e.id for e in Repo(repo.workdir).log()] == [mine, raced[0], first]
+    stats = repo.read_commit(mine).stats
+    assert stats["parent"] == raced[0]
+    assert stats["layers"]["w"]["rel"] == pytest.approx(2.0)  # |3 - 1| / |1|, not / |0|
+
+
+def test_norms_of_unchanged_tensors_are_per_dtype(repo):
+    """An unchanged tensor beside a changed one counts in its layer's norm; the norm is
+    remembered by object id and dtype, and the same bytes as another dtype are another
+    norm (float32 1.0 is the int32 1065353216)."""
+    ones = torch.ones(2)
+    repo.commit({"x.w": torch.zeros(2), "x.b": ones}, env=False)
+    repo.commit({"x.w": torch.full((2,), 3.0), "x.b": ones}, env=False)  # x.b's norm: 2
+    as_int = ones.view(torch.int32)  # the same bytes (the same object id)
+    repo.commit({"y.w": torch.zeros(2, dtype=torch.int32), "y.b": as_int}, env=False)
+    cid = repo.commit({"y.w": torch.full((2,), 3, dtype=torch.int32), "y.b": as_int},
+                      env=False)
+    rel = repo.read_commit(cid).stats["layers"]["y"]["rel"]
+    b_sq = 2 * 1065353216.0 ** 2
+    assert rel == pytest.approx(math.sqrt(18) / math.sqrt(b_sq))

@@ -88,19 +88,24 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     tensor_type = torch.Tensor if torch is not None else None
     strided = torch.strided if torch is not None else None
 
-    def name_for(path: list[str]) -> str:
-        name = SEP.join(path) or "tensor"
+    # A path is the names from the top joined by SEP, built as the walk descends (None at
+    # the top, which differs from a path of one empty key)
+    def below(path: str | None, key: Any) -> str:
+        return str(key) if path is None else path + SEP + str(key)
+
+    def name_for(path: str | None) -> str:
+        name = path or "tensor"
         base, n = name, 1
         while name in tensors:
             n += 1
             name = f"{base}#{n}"
         return name
 
-    def enc(value: Any, path: list[str]) -> Any:
+    def enc(value: Any, path: str | None) -> Any:
         # torch tensors first: a state dict is mostly them (every commit walks it)
         if tensor_type is not None and isinstance(value, tensor_type):
             if value.layout != strided or value.is_quantized:
-                raise CheckpointError(f"tensor {SEP.join(path)!r} is sparse or quantized; "
+                raise CheckpointError(f"tensor {path or ''!r} is sparse or quantized; "
                                       "convert it to a dense tensor first")
             name = name_for(path)
             tensors[name] = value
@@ -126,7 +131,7 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             return {"$t": name}
         if np is not None and isinstance(value, np.ndarray):
             if value.dtype.hasobject:
-                raise CheckpointError(f"array {SEP.join(path)!r} holds Python objects")
+                raise CheckpointError(f"array {path or ''!r} holds Python objects")
             name = name_for(path)
             tensors[name] = value
             return {"$t": name}
@@ -134,16 +139,16 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             items = []
             for k, v in value.items():
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
-                    raise CheckpointError(f"key {k!r} at {SEP.join(path) or 'top level'!r} "
+                    raise CheckpointError(f"key {k!r} at {path or 'top level'!r} "
                                           "is not a string or integer")
-                items.append([k, enc(v, [*path, str(k)])])
+                items.append([k, enc(v, below(path, k))])
             return {"$d": items}
         if isinstance(value, DtypeName):
             return {"$dt": str(value)}
         if isinstance(value, tuple):
-            return {"$tu": [enc(v, [*path, str(i)]) for i, v in enumerate(value)]}
+            return {"$tu": [enc(v, below(path, i)) for i, v in enumerate(value)]}
         if isinstance(value, list):
-            return [enc(v, [*path, str(i)]) for i, v in enumerate(value)]
+            return [enc(v, below(path, i)) for i, v in enumerate(value)]
         if isinstance(value, float):
             return value if math.isfinite(value) else {"$f": repr(value)}
         if value is None or isinstance(value, (str, int, bool)):
@@ -156,11 +161,11 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             return {"$dt": _dtype_name(value)}
         if np is not None and isinstance(value, (np.integer, np.floating, np.bool_)):
             return enc(value.item(), path)
-        raise CheckpointError(f"value at {SEP.join(path) or 'top level'!r} has type "
+        raise CheckpointError(f"value at {path or 'top level'!r} has type "
                               f"{type(value).__name__}, which a checkpoint cannot hold "
                               "(use tensors, numbers, strings, lists and dicts)")
 
-    tree = enc(obj, [])
+    tree = enc(obj, None)
     return tensors, tree, ties
 
 

@@ -362,6 +362,12 @@ class FileObjectStore(ObjectStore):
         return path in self._inflight or os.path.isfile(path) or \
             self._locate(oid, force=False) is not None
 
+    def staged_payload(self, oid: ObjectId) -> memoryview | None:
+        """The payload of an object staged for the open batch's pack (a view of the
+        immutable bytes the pack gets), or None."""
+        raw = self._staged.get(oid)
+        return None if raw is None else memoryview(raw)[HEADER_SIZE:]
+
     def _loose(self, oid: ObjectId) -> str:
         """The loose file path, once a batched write of it (if any) is in place."""
         path = self.fspath(oid)

@@ -143,7 +143,7 @@ class Repo(Maintenance, WorkspaceMixin):
         # an incremental commit skip the blake3 hash (and write) of unchanged tensors while
         # still reading every byte, so no write can be missed.
         self._known: OrderedDict[tuple[bytes, int], ObjectId] = OrderedDict()
-        self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
+        self._recent: OrderedDict[ObjectId, bytes | memoryview] = OrderedDict()
         self._recent_bytes = 0
         # name -> xxh3-128 of the bytes of each tensor the last snapshot read (the
         # Snapshotter's committer hands them back, so the next change check hashes the
@@ -342,10 +342,13 @@ class Repo(Maintenance, WorkspaceMixin):
         if oid in recent:
             recent.move_to_end(oid)
             return
-        recent[oid] = bytes(payload)
+        # staged for the batch's pack: a view of those (immutable) bytes, no second copy
+        kept = self.objects.staged_payload(oid)
+        recent[oid] = bytes(payload) if kept is None or kept.nbytes != payload.nbytes \
+            else kept
         self._recent_bytes += payload.nbytes
         while len(recent) > RECENT_MAX or self._recent_bytes > RECENT_BYTES:
-            self._recent_bytes -= len(recent.popitem(last=False)[1])
+            self._recent_bytes -= memoryview(recent.popitem(last=False)[1]).nbytes
 
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]

@@ -463,3 +463,15 @@ def test_norms_of_unchanged_tensors_are_per_dtype(repo):
     rel = repo.read_commit(cid).stats["layers"]["y"]["rel"]
     b_sq = 2 * 1065353216.0 ** 2
     assert rel == pytest.approx(math.sqrt(18) / math.sqrt(b_sq))
+
+
+def test_parsed_metadata_kept_in_memory_is_bounded(tmp_path, monkeypatch):
+    """A training run commits without end: the commits and manifests a Repo keeps parsed
+    are the most recent few; older ones are read again when asked for."""
+    monkeypatch.setattr(repo_module, "METADATA_CACHED", 4)
+    repo = Repo.init(tmp_path)
+    ids = commits(repo, 10)
+    assert len(repo._commits) <= 4 and len(repo._manifests) <= 4
+    assert [e.id for e in repo.log()] == ids[::-1]
+    assert repo.load(ids[0])["a"][0] == 0.0 and repo.read_commit(ids[0]).step == 0
+    assert len(repo._commits) <= 4 and len(repo._manifests) <= 4

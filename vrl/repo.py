@@ -55,6 +55,7 @@ from vrl.workspace import WorkspaceMixin, canonical_header
 VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
 KNOWN_MAX = 1 << 16  # content pre-check entries kept for the next commit
+METADATA_CACHED = 1 << 12  # commits (and as many manifests) kept parsed in memory
 RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics,
 RECENT_BYTES = 64 << 20  # at most this many bytes of them (objects below PACK_MAX),
 RECENT_COMMIT_BYTES = RECENT_BYTES // 2  # and half of that from one commit: the parent's
@@ -62,6 +63,21 @@ RECENT_COMMIT_BYTES = RECENT_BYTES // 2  # and half of that from one commit: the
 COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attempts
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
 _REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
+
+
+class _Bounded(dict):
+    """A dict that forgets its oldest entries beyond `limit`: a training run commits
+    without end, and every commit and manifest kept would grow the process (and the
+    garbage collector's work) for good."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.limit:
+            del self[next(iter(self))]
 
 
 def _xxh3_128() -> Callable[[Any], bytes]:
@@ -137,8 +153,8 @@ class Repo(Maintenance, WorkspaceMixin):
                                        verify_reads=verify,
                                        fresh_for=self.config.getfloat("gc", "grace") / 2)
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
-        self._commits: dict[ObjectId, Commit] = {}
-        self._manifests: dict[ObjectId, Manifest] = {}
+        self._commits: dict[ObjectId, Commit] = _Bounded(METADATA_CACHED)
+        self._manifests: dict[ObjectId, Manifest] = _Bounded(METADATA_CACHED)
         # Tensors stored by this process: (xxh3-128 of the bytes, size) -> object id. Lets
         # an incremental commit skip the blake3 hash (and write) of unchanged tensors while
         # still reading every byte, so no write can be missed.

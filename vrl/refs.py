@@ -211,6 +211,7 @@ class RefStore:
         self.who = who
         self._local = threading.local()  # per thread: fds whose fsync the ref write does
         self._paths: dict[str, Path] = {}  # names already validated
+        self._fspaths: dict[str, str] = {}
 
     # ---------------------------------------------------------------- reading
     def _path(self, name: str) -> Path:
@@ -223,12 +224,19 @@ class RefStore:
             path = self._paths[name] = self.root / name
         return path
 
+    def _fspath(self, name: str) -> str:
+        """`_path` as a string (a ref is read several times per commit)."""
+        path = self._fspaths.get(name)
+        if path is None:
+            path = self._fspaths[name] = os.fspath(self._path(name))
+        return path
+
     def read_raw(self, name: str) -> str | None:
         """The ref's content: an object id, `ref: refs/...` for a symbolic ref, or None."""
         try:
             # os-level reads: a ref is read several times per commit, and a Python file
             # object costs five more system calls than open, read, close
-            fd = os.open(self._path(name), os.O_RDONLY)
+            fd = os.open(self._fspath(name), os.O_RDONLY)
             try:
                 # a ref file is replaced by rename, never written in place: a read shorter
                 # than asked for has reached its end (no second read to see nothing more)

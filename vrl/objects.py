@@ -125,11 +125,19 @@ def _clean(value: Any, left: int = -1, what: str = "") -> Any:
             raise MetadataError(f"{what} nests deeper than {MAX_DEPTH} levels; flatten it "
                                 "(e.g. dotted keys)")
         left -= 1
+        # (values of the exact JSON types are kept without a call: a commit's statistics
+        # are mostly numbers and strings)
         if kind is dict:
-            return {k if type(k) is str else str(k): _clean(v, left, what)
-                    for k, v in value.items()}
+            out = {}
+            for k, v in value.items():
+                kind = type(v)
+                out[k if type(k) is str else str(k)] = v if (
+                    kind is str or kind is int or kind is bool or v is None or
+                    kind is float and v - v == 0.0) else _clean(v, left, what)
+            return out
         if kind is list:
-            return [_clean(v, left, what) for v in value]
+            return [v if (type(v) is int or type(v) is str) else _clean(v, left, what)
+                    for v in value]
     return _clean_other(value, left, what)
 
 

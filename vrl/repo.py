@@ -552,6 +552,8 @@ class Repo(Maintenance, WorkspaceMixin):
         new_ids: set[ObjectId] = set()
         digests: dict[str, bytes] = {}
         self.digests = digests
+        from vrl.tensors import tensor_bytes  # (torch-free itself; imported once here)
+
         known, objects, fingerprint = self._known, self.objects, _xxh3_128()
         remember = RECENT_COMMIT_BYTES  # bytes this commit may still keep in _recent
         for name, value in tensors.items():
@@ -572,8 +574,6 @@ class Repo(Maintenance, WorkspaceMixin):
             if isinstance(value, RawTensor):
                 buf, dtype, shape = value.data, value.dtype, value.shape
             else:
-                from vrl.tensors import tensor_bytes
-
                 buf, dtype, shape, _keep = tensor_bytes(value)
             nbytes = buf.nbytes
             # a fast non-cryptographic fingerprint of the bytes (the object id stays blake3)

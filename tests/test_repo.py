@@ -475,3 +475,23 @@ def test_parsed_metadata_kept_in_memory_is_bounded(tmp_path, monkeypatch):
     assert [e.id for e in repo.log()] == ids[::-1]
     assert repo.load(ids[0])["a"][0] == 0.0 and repo.read_commit(ids[0]).step == 0
     assert len(repo._commits) <= 4 and len(repo._manifests) <= 4
+
+
+def test_payloads_kept_for_the_next_statistics_stay_within_their_budget(tmp_path,
+                                                                        monkeypatch):
+    """Small payloads a commit stored are kept for the next commit's statistics, at most
+    RECENT_BYTES in all and half of that per commit; what is not kept is read back from
+    the store, with the same statistics."""
+    monkeypatch.setattr(repo_module, "RECENT_BYTES", 4096)
+    monkeypatch.setattr(repo_module, "RECENT_COMMIT_BYTES", 2048)
+    repo = Repo.init(tmp_path)
+    state = {f"l{i}.w": torch.full((256,), float(i + 1)) for i in range(4)}  # 1 KiB each
+    repo.commit(state, env=False)
+    assert repo._recent_bytes <= 2048
+    for t in state.values():
+        t.mul_(2.0)
+    cid = repo.commit(state, env=False)
+    assert repo._recent_bytes <= 4096
+    for i in range(4):
+        layer = repo.read_commit(cid).stats["layers"][f"l{i}"]
+        assert layer["rel"] == pytest.approx(1.0) and layer["max_abs"] == i + 1

@@ -57,7 +57,7 @@ MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
 KNOWN_MAX = 1 << 16  # content pre-check entries kept for the next commit
 METADATA_CACHED = 1 << 10  # commits (and as many manifests) kept parsed in memory
 RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics,
-RECENT_BYTES = 64 << 20  # at most this many bytes of them (objects below PACK_MAX),
+RECENT_BYTES = 32 << 20  # at most this many bytes of them (objects below PACK_MAX),
 RECENT_COMMIT_BYTES = RECENT_BYTES // 2  # and half of that from one commit: the parent's
 # payloads must survive the child's, whose statistics read them
 COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attempts

@@ -495,3 +495,28 @@ def test_payloads_kept_for_the_next_statistics_stay_within_their_budget(tmp_path
     for i in range(4):
         layer = repo.read_commit(cid).stats["layers"][f"l{i}"]
         assert layer["rel"] == pytest.approx(1.0) and layer["max_abs"] == i + 1
+
+
+def test_commit_after_another_process_reset_and_collected_its_parent(tmp_path):
+    """What a Repo remembers between commits (content fingerprints, payloads for the
+    statistics, the pack tables) can go stale when another process moves the ref and
+    collects garbage: the next commit still stores every object it needs, records its
+    statistics against the ref's new value, and the repository checks clean."""
+    repo = Repo.init(tmp_path)
+    state = {"l.w": torch.zeros(64, 64), "l.b": torch.ones(64), "m.w": torch.ones(8)}
+    first = repo.commit(state, env=False)
+    state["l.w"].add_(1.0)
+    repo.commit(state, env=False)  # the snapshot the other process makes unreachable
+    other = Repo(tmp_path)
+    other.reset(first)
+    other.gc(grace=0, expire_reflog=True)
+    state["m.w"].add_(1.0)  # l.w as in the collected snapshot: known here, gone there
+    third = repo.commit(state, env=False)
+    assert repo.read_commit(third).parents == (first,)
+    stats = repo.read_commit(third).stats
+    assert stats["parent"] == first
+    assert stats["layers"]["l"]["rel"] == pytest.approx(64 / 8)  # |1 - 0| / |(0, l.b)|
+    assert stats["layers"]["m"]["rel"] == pytest.approx(1.0)
+    fresh = Repo(tmp_path, verify=True)
+    assert fresh.fsck()["ok"]
+    assert_same(state, fresh.load(third))

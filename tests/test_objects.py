@@ -114,3 +114,88 @@ def test_json_depth_is_the_nesting_depth(value, stop):
     from vrl.objects import json_depth
 
     assert json_depth(value, stop) == _depth_reference(value, stop)
+
+
+def _manifest_reference(manifest: Manifest) -> bytes:
+    """A manifest's bytes by the definition (the generic canonical encoder); to_bytes
+    writes the common case directly and must give exactly these."""
+    data = {"format": 1, "tensors": {k: v.to_json() for k, v in manifest.tensors.items()},
+            "tree": manifest.tree}
+    if manifest.layout is not None:
+        data["layout"] = manifest.layout.to_json()
+    return canonical_json(data)
+
+
+_names = st.text(st.characters(codec="utf-8"), max_size=6)
+_entries = st.builds(
+    TensorEntry, st.just(TENSOR_ID), st.sampled_from(["float32", "bfloat16", "numpy:<f4"]),
+    st.lists(st.integers(0, 1 << 40), max_size=3).map(tuple), st.integers(0, 1 << 40),
+    st.none() | _names)
+
+
+_trees = st.recursive(st.none() | st.booleans() | st.integers() |
+                      st.floats(allow_nan=False, allow_infinity=False) | _names,
+                      lambda inner: st.lists(inner, max_size=4) |
+                      st.dictionaries(_names, inner, max_size=3), max_leaves=20)
+
+
+@given(st.dictionaries(_names, _entries, max_size=6), _trees, st.booleans())
+def test_manifest_bytes_are_the_canonical_json_of_its_fields(tensors, tree, with_layout):
+    from vrl.objects import FileLayout
+
+    layout = FileLayout("safetensors", TensorEntry(TENSOR_ID, "uint8", (16,), 16)) \
+        if with_layout else None
+    manifest = Manifest(tensors, tree, layout)
+    assert manifest.to_bytes() == _manifest_reference(manifest)
+
+
+def test_manifest_fields_of_unusual_types_are_encoded_as_json_would():
+    # (a bool is an int to Python but not to JSON: the direct writer must not be used)
+    odd = Manifest({"w": TensorEntry(TENSOR_ID, "float32", (True, 2), 8)}, [])
+    assert odd.to_bytes() == _manifest_reference(odd)
+    assert b'"shape":[true,2]' in odd.to_bytes()
+
+
+def _clean_reference(value):
+    """What commit metadata becomes (the definition `_clean` implements faster)."""
+    import math
+
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _clean_reference(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean_reference(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if hasattr(value, "item"):
+        return _clean_reference(value.item())
+    return str(value)
+
+
+_metadata = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner) |
+    st.dictionaries(st.text(max_size=2) | st.integers() | st.booleans() | st.none(), inner,
+                    max_size=4),
+    max_leaves=30)
+
+
+@given(_metadata)
+def test_commit_metadata_is_cleaned_as_defined(value):
+    import enum
+
+    import numpy as np
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    value = {"v": value, "odd": [np.float32(1.5), np.float64("nan"), np.int64(3), Level.HIGH,
+                                 {Level.HIGH: 1}, b"x"]}
+    commit = Commit(MANIFEST_ID, (), "m", "a", "t", metrics=value)
+    assert commit.to_bytes() == canonical_json({
+        "format": 1, "manifest": MANIFEST_ID, "parents": [], "message": "m", "author": "a",
+        "time": "t", "hparams": {}, "metrics": _clean_reference(value), "env": {},
+        "step": None, "stats": {}, "meta": {}})

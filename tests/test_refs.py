@@ -473,3 +473,15 @@ def test_a_ref_move_fsyncs_its_reflogs_and_the_ref_together(tmp_path, monkeypatc
     assert order == ["fsync"] * 3 + ["rename"]
     assert [e.new for e in repo.refs.reflog("refs/heads/main")][0] == repo.head()
     assert repo.refs.reflog("HEAD")[0].new == repo.head()
+
+
+@pytest.mark.parametrize("size", [4095, 4096, 4097, 70000])
+def test_a_ref_file_is_read_whole_whatever_its_size(tmp_path, size):
+    """A ref is read with as few read calls as its size allows (one for a real ref): a
+    big (damaged) file must still be read to its end, as its damage report shows it."""
+    repo = Repo.init(tmp_path)
+    text = ("x" * (size - 1) + "\n").encode()
+    (tmp_path / ".vrl/refs/heads/big").write_bytes(text)
+    assert repo.refs.read_raw("refs/heads/big") == text.decode().strip()
+    (tmp_path / ".vrl/refs/heads/empty").write_bytes(b"")
+    assert repo.refs.read_raw("refs/heads/empty") is None

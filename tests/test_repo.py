@@ -424,3 +424,99 @@ def test_restored_big_tensors_are_private_writable_maps(repo):
         t.zero_()  # in place, as an optimizer step would
     assert_same(Repo(repo.workdir).load(cid), big)
     assert Repo(repo.workdir).fsck()["ok"]
+
+
+def test_commit_raced_after_its_statistics_is_reparented(repo, monkeypatch):
+    """The commit loop's first attempt uses the parent read for the statistics; another
+    commit landing between that read and the compare-and-swap (here: while the big
+    tensors are synced) makes the swap fail, and the commit is re-parented onto it with
+    its statistics recomputed."""
+    first = repo.commit({"w": torch.zeros(3)})
+    other = Repo(repo.workdir)  # another Repo object (as another process) moves the ref
+    real_sync = repo.objects.sync
+    raced = []
+
+    def racing_sync():
+        real_sync()
+        if not raced:
+            raced.append(other.commit({"w": torch.ones(3)}, message="other"))
+
+    monkeypatch.setattr(repo.objects, "sync", racing_sync)
+    mine = repo.commit({"w": torch.full((3,), 3.0)}, message="mine")
+    assert [e.id for e in Repo(repo.workdir).log()] == [mine, raced[0], first]
+    stats = repo.read_commit(mine).stats
+    assert stats["parent"] == raced[0]
+    assert stats["layers"]["w"]["rel"] == pytest.approx(2.0)  # |3 - 1| / |1|, not / |0|
+
+
+def test_norms_of_unchanged_tensors_are_per_dtype(repo):
+    """An unchanged tensor beside a changed one counts in its layer's norm; the norm is
+    remembered by object id and dtype, and the same bytes as another dtype are another
+    norm (float32 1.0 is the int32 1065353216)."""
+    ones = torch.ones(2)
+    repo.commit({"x.w": torch.zeros(2), "x.b": ones}, env=False)
+    repo.commit({"x.w": torch.full((2,), 3.0), "x.b": ones}, env=False)  # x.b's norm: 2
+    as_int = ones.view(torch.int32)  # the same bytes (the same object id)
+    repo.commit({"y.w": torch.zeros(2, dtype=torch.int32), "y.b": as_int}, env=False)
+    cid = repo.commit({"y.w": torch.full((2,), 3, dtype=torch.int32), "y.b": as_int},
+                      env=False)
+    rel = repo.read_commit(cid).stats["layers"]["y"]["rel"]
+    b_sq = 2 * 1065353216.0 ** 2
+    assert rel == pytest.approx(math.sqrt(18) / math.sqrt(b_sq))
+
+
+def test_parsed_metadata_kept_in_memory_is_bounded(tmp_path, monkeypatch):
+    """A training run commits without end: the commits and manifests a Repo keeps parsed
+    are the most recent few; older ones are read again when asked for."""
+    monkeypatch.setattr(repo_module, "METADATA_CACHED", 4)
+    repo = Repo.init(tmp_path)
+    ids = commits(repo, 10)
+    assert len(repo._commits) <= 4 and len(repo._manifests) <= 4
+    assert [e.id for e in repo.log()] == ids[::-1]
+    assert repo.load(ids[0])["a"][0] == 0.0 and repo.read_commit(ids[0]).step == 0
+    assert len(repo._commits) <= 4 and len(repo._manifests) <= 4
+
+
+def test_payloads_kept_for_the_next_statistics_stay_within_their_budget(tmp_path,
+                                                                        monkeypatch):
+    """Small payloads a commit stored are kept for the next commit's statistics, at most
+    RECENT_BYTES in all and half of that per commit; what is not kept is read back from
+    the store, with the same statistics."""
+    monkeypatch.setattr(repo_module, "RECENT_BYTES", 4096)
+    monkeypatch.setattr(repo_module, "RECENT_COMMIT_BYTES", 2048)
+    repo = Repo.init(tmp_path)
+    state = {f"l{i}.w": torch.full((256,), float(i + 1)) for i in range(4)}  # 1 KiB each
+    repo.commit(state, env=False)
+    assert repo._recent_bytes <= 2048
+    for t in state.values():
+        t.mul_(2.0)
+    cid = repo.commit(state, env=False)
+    assert repo._recent_bytes <= 4096
+    for i in range(4):
+        layer = repo.read_commit(cid).stats["layers"][f"l{i}"]
+        assert layer["rel"] == pytest.approx(1.0) and layer["max_abs"] == i + 1
+
+
+def test_commit_after_another_process_reset_and_collected_its_parent(tmp_path):
+    """What a Repo remembers between commits (content fingerprints, payloads for the
+    statistics, the pack tables) can go stale when another process moves the ref and
+    collects garbage: the next commit still stores every object it needs, records its
+    statistics against the ref's new value, and the repository checks clean."""
+    repo = Repo.init(tmp_path)
+    state = {"l.w": torch.zeros(64, 64), "l.b": torch.ones(64), "m.w": torch.ones(8)}
+    first = repo.commit(state, env=False)
+    state["l.w"].add_(1.0)
+    repo.commit(state, env=False)  # the snapshot the other process makes unreachable
+    other = Repo(tmp_path)
+    other.reset(first)
+    other.gc(grace=0, expire_reflog=True)
+    state["m.w"].add_(1.0)  # l.w as in the collected snapshot: known here, gone there
+    third = repo.commit(state, env=False)
+    assert repo.read_commit(third).parents == (first,)
+    stats = repo.read_commit(third).stats
+    assert stats["parent"] == first
+    assert stats["layers"]["l"]["rel"] == pytest.approx(64 / 8)  # |1 - 0| / |(0, l.b)|
+    assert stats["layers"]["m"]["rel"] == pytest.approx(1.0)
+    fresh = Repo(tmp_path, verify=True)
+    assert fresh.fsck()["ok"]
+    assert_same(state, fresh.load(third))

@@ -13,6 +13,7 @@ parameter it belongs to, everything else is "other state", never counted as a la
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -25,6 +26,16 @@ EPS = 1e-12
 DEFAULT_THRESHOLD = 1e-3
 
 
+# Tensor and layer names repeat from one commit to the next: what is derived from a name
+# alone is remembered (bounded: a name is a few dozen bytes)
+_NAME_CACHE_MAX = 1 << 16
+
+
+def _cached(func: Callable[[str], Any]) -> Callable[[str], Any]:
+    return functools.lru_cache(maxsize=_NAME_CACHE_MAX)(func)
+
+
+@_cached
 def layer_of(name: str) -> str:
     """`model/actor.0.weight` -> `model/actor.0`; `optimizer/state/3/exp_avg` ->
     `optimizer/state/3`; a name with neither '.' nor '/' is its own layer."""
@@ -35,6 +46,7 @@ def layer_of(name: str) -> str:
     return head or last
 
 
+@_cached
 def natural_key(name: str) -> tuple[Any, ...]:
     """Sort key that orders digit runs by value: `state/2` before `state/10`."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
@@ -47,7 +59,12 @@ COUNTER_NAMES = frozenset({"step", "steps", "global_step", "num_updates", "itera
 def is_counter(name: str, shape: tuple[int, ...]) -> bool:
     """A scalar step counter (Adam's `state/3/step`): its change says nothing about how
     far the weights moved, so change statistics leave it out."""
-    return tuple(shape) == () and re.split(r"[/.]", name)[-1] in COUNTER_NAMES
+    return tuple(shape) == () and _counter_name(name)
+
+
+@_cached
+def _counter_name(name: str) -> bool:
+    return re.split(r"[/.]", name)[-1] in COUNTER_NAMES
 
 
 _OPTIMIZER_STATE = re.compile(r"^(.*?optimizer/)state/(\d+)$")
@@ -161,12 +178,18 @@ class DiffResult:
         return [lc for lc in self.layers if layout.kind(lc.layer) == kind]
 
     def summary(self) -> str:
+        return self._summary(self.layout)
+
+    def _summary(self, layout: StateLayout) -> str:
         new = f"{human_bytes(self.bytes_new)} of {human_bytes(self.bytes_total)} new"
         only = f" (only {', '.join(self.only)})" if self.only else ""
-        if self.layout.model_prefix is None:
+        if layout.model_prefix is None:
             return (f"{len(self.material)} of {len(self.layers)} layers changed materially"
                     f"{only}; {new}")
-        model, optim, other = (self.section(k) for k in ("model", "optimizer", "other"))
+        sections: dict[str, list[LayerChange]] = {"model": [], "optimizer": [], "other": []}
+        for lc in self.layers:
+            sections[layout.kind(lc.layer)].append(lc)
+        model, optim, other = sections["model"], sections["optimizer"], sections["other"]
         parts = [f"{sum(lc.material for lc in model)} of {len(model)} model layers "
                  "changed materially"]
         if optim:
@@ -181,10 +204,10 @@ class DiffResult:
         return "; ".join([*parts, new])
 
     def to_json(self) -> dict[str, Any]:
+        layout = self.layout  # derived once (every commit records these statistics)
         out = {"threshold": self.threshold, "bytes_new": self.bytes_new,
-               "bytes_total": self.bytes_total, "summary": self.summary(),
+               "bytes_total": self.bytes_total, "summary": self._summary(layout),
                "layers": {lc.layer: lc.to_json() for lc in self.layers}}
-        layout = self.layout
         if layout.model_prefix is not None:  # a training snapshot: say what each entry is
             for name, entry in out["layers"].items():
                 entry["kind"] = layout.kind(name)
@@ -362,6 +385,12 @@ def _norm_sq(value: Any) -> float:
     return total
 
 
+# ||x||^2 of unchanged tensors, by (object id, dtype): the bias beside a moving weight is
+# read and reduced once, not at every commit (oldest dropped first)
+_NORMS: dict[tuple[str, str], float] = {}
+_NORMS_MAX = 1 << 14
+
+
 def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], Any],
             known_objects: Callable[[str], bool] | None = None,
             threshold: float = DEFAULT_THRESHOLD) -> DiffResult:
@@ -394,7 +423,14 @@ def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], A
     for change in changes:
         if (change.status == "unchanged" and layer_of(change.name) in moved
                 and not is_counter(change.name, change.shape)):
-            change.old_sq = _norm_sq(load(new.tensors[change.name]))
+            entry = new.tensors[change.name]
+            key = (entry.id, entry.dtype)  # the norm depends on the bytes and the dtype
+            norm = _NORMS.get(key)
+            if norm is None:
+                norm = _NORMS[key] = _norm_sq(load(entry))
+                if len(_NORMS) > _NORMS_MAX:
+                    del _NORMS[next(iter(_NORMS))]
+            change.old_sq = norm
 
     old_ids = {e.id for e in old_entries.values()}
     new_objects = {e.id: e.nbytes for e in new.tensors.values() if e.id not in old_ids}
@@ -407,25 +443,27 @@ def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], A
 def group_layers(changes: list[TensorChange], threshold: float) -> list[LayerChange]:
     groups: dict[str, list[TensorChange]] = {}
     for change in changes:
-        groups.setdefault(layer_of(change.name), []).append(change)
-    layers = []
-    for layer, items in groups.items():
-        statuses = {c.status for c in items}
-        if statuses == {"unchanged"}:
-            status = "unchanged"
-        elif statuses == {"added"}:
-            status = "added"
-        elif statuses == {"removed"}:
-            status = "removed"
+        layer = layer_of(change.name)
+        items = groups.get(layer)
+        if items is None:
+            groups[layer] = [change]
         else:
-            status = "changed"
-        comparable = all(c.comparable and c.status in ("changed", "unchanged") for c in items)
+            items.append(change)
+    layers = []
+    for layer, items in groups.items():  # (one pass each and no generators: every commit)
+        status = items[0].status
+        comparable = True
+        for c in items:
+            if c.status != status:
+                status = "changed"  # mixed: e.g. a tensor added to a layer
+            if not c.comparable or c.status not in ("changed", "unchanged"):
+                comparable = False
         rel = None
         if comparable:
-            rel = math.sqrt(sum(c.delta_sq for c in items)) / max(
-                math.sqrt(sum(c.old_sq for c in items)), EPS)
-        max_abs = max((c.max_abs for c in items), default=0.0)
+            rel = math.sqrt(sum([c.delta_sq for c in items])) / max(
+                math.sqrt(sum([c.old_sq for c in items])), EPS)
+        max_abs = max([c.max_abs for c in items])
         layers.append(LayerChange(layer, status, [c.shape for c in items], rel, max_abs,
                                   _is_material(status, rel, threshold),
-                                  sum(c.nbytes for c in items)))
+                                  sum([c.nbytes for c in items])))
     return layers

@@ -107,28 +107,65 @@ def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
                             "(e.g. dotted keys)")
 
 
-def _clean(value: Any) -> Any:
-    """Make metadata JSON-safe and deterministic: non-finite floats become strings."""
+def _clean(value: Any, left: int = -1, what: str = "") -> Any:
+    """Make metadata JSON-safe and deterministic: non-finite floats become strings.
+
+    With `left` >= 0, nesting deeper than `left` containers raises MetadataError (as
+    `check_depth(value, what, left)` would), checked in the same pass."""
+    # the exact JSON types first, by type (a commit cleans its statistics every time)
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+            return value
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if kind is dict or kind is list or isinstance(value, (dict, list, tuple)):
+        if left == 0:
+            raise MetadataError(f"{what} nests deeper than {MAX_DEPTH} levels; flatten it "
+                                "(e.g. dotted keys)")
+        left -= 1
+        # (values of the exact JSON types are kept without a call: a commit's statistics
+        # are mostly numbers and strings)
+        if kind is dict:
+            out = {}
+            for k, v in value.items():
+                kind = type(v)
+                out[k if type(k) is str else str(k)] = v if (
+                    kind is str or kind is int or kind is bool or v is None or
+                    kind is float and v - v == 0.0) else _clean(v, left, what)
+            return out
+        if kind is list:
+            return [v if (type(v) is int or type(v) is str) else _clean(v, left, what)
+                    for v in value]
+    return _clean_other(value, left, what)
+
+
+def _clean_other(value: Any, left: int, what: str) -> Any:
+    """`_clean` of anything but the exact JSON types (subclasses, tuples, numpy scalars)."""
     if isinstance(value, float):
         if math.isfinite(value):
             return value
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): _clean(v, left, what) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [_clean(v, left, what) for v in value]
     if value is None or isinstance(value, (str, int, bool)):
         return value
     if hasattr(value, "item"):  # numpy / torch scalars in metrics
-        return _clean(value.item())
+        return _clean(value.item(), left, what)
     return str(value)
+
+
+_json_str = json.encoder.encode_basestring  # a str as JSON, as canonical_json writes it
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)  # made once (json.dumps makes one per call)
 
 
 def canonical_json(value: Any) -> bytes:
     """Byte-stable JSON: sorted keys, no whitespace, UTF-8, finite numbers only."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
@@ -226,6 +263,27 @@ class TensorEntry:
             raise CorruptObjectError(f"tensor {self.id[:12]} has an invalid tie")
 
 
+def _tensors_json(tensors: dict[str, TensorEntry]) -> str | None:
+    """canonical_json of a manifest's {name: entry.to_json()}, as text, written directly
+    (every commit encodes its manifest; this is several times faster); None where a
+    field is not of the type it should be (then only the generic encoder is exact)."""
+    parts = []
+    for name in sorted(tensors):
+        e = tensors[name]
+        oid, dtype, shape, nbytes, tie = e.id, e.dtype, e.shape, e.nbytes, e.tie
+        if type(name) is not str or type(oid) is not str or type(dtype) is not str or \
+                type(nbytes) is not int or (tie is not None and type(tie) is not str):
+            return None
+        for dim in shape:
+            if type(dim) is not int:
+                return None
+        dims = ",".join([str(dim) for dim in shape])
+        tied = "" if tie is None else f',"tie":{_json_str(tie)}'
+        parts.append(f'{_json_str(name)}:{{"dtype":{_json_str(dtype)},"id":{_json_str(oid)},'
+                     f'"nbytes":{nbytes},"shape":[{dims}]{tied}}}')
+    return "{" + ",".join(parts) + "}"
+
+
 @dataclass(frozen=True)
 class FileLayout:
     """The file a snapshot was committed from, so that checkout and export give back the
@@ -259,14 +317,21 @@ class Manifest:
             raise MetadataError(f"the checkpoint nests too deeply to store (about "
                                 f"{MAX_TREE_DEPTH // 3} levels of dicts and lists at most); "
                                 "flatten it")
-        data = {
-            "format": FORMAT,
-            "tensors": {k: v.to_json() for k, v in self.tensors.items()},
-            "tree": self.tree,
-        }
-        if self.layout is not None:  # only then: older manifests keep their bytes and ids
-            data["layout"] = self.layout.to_json()
-        return canonical_json(data)
+        tensors = _tensors_json(self.tensors)
+        if tensors is None:  # a field of an unusual type: the generic encoder decides
+            data = {
+                "format": FORMAT,
+                "tensors": {k: v.to_json() for k, v in self.tensors.items()},
+                "tree": self.tree,
+            }
+            if self.layout is not None:  # only then: older manifests keep their bytes and ids
+                data["layout"] = self.layout.to_json()
+            return canonical_json(data)
+        # the same bytes, assembled: keys in sorted order (format, layout, tensors, tree)
+        layout = "" if self.layout is None else \
+            f'"layout":{_CANONICAL.encode(self.layout.to_json())},'
+        return (f'{{"format":{FORMAT},{layout}"tensors":{tensors},'
+                f'"tree":{_CANONICAL.encode(self.tree)}}}').encode()
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Manifest:
@@ -323,14 +388,14 @@ class Commit:
             raise MetadataError(f"invalid commit: {problem}")
 
     def to_json(self) -> dict[str, Any]:
-        for name in _DICT_FIELDS:
-            check_depth(getattr(self, name), f"commit {name}")
+        # each field cleaned and its depth checked in one pass
+        clean = {name: _clean(getattr(self, name), MAX_DEPTH, f"commit {name}")
+                 for name in _DICT_FIELDS}
         return {
             "format": FORMAT, "manifest": self.manifest, "parents": list(self.parents),
             "message": self.message, "author": self.author, "time": self.time,
-            "hparams": _clean(self.hparams), "metrics": _clean(self.metrics),
-            "env": _clean(self.env), "step": self.step, "stats": _clean(self.stats),
-            "meta": _clean(self.meta),
+            "hparams": clean["hparams"], "metrics": clean["metrics"], "env": clean["env"],
+            "step": self.step, "stats": clean["stats"], "meta": clean["meta"],
         }
 
     def to_bytes(self) -> bytes:

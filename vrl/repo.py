@@ -56,10 +56,36 @@ from vrl.workspace import WorkspaceMixin, canonical_header
 VRL_DIR = ".vrl"
 MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
 KNOWN_MAX = 1 << 16  # content pre-check entries kept for the next commit
-RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics
+METADATA_CACHED = 1 << 10  # commits (and as many manifests) kept parsed in memory
+RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics,
+RECENT_BYTES = 32 << 20  # at most this many bytes of them (objects below PACK_MAX),
+RECENT_COMMIT_BYTES = RECENT_BYTES // 2  # and half of that from one commit: the parent's
+# payloads must survive the child's, whose statistics read them
 COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attempts
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
 _REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
+
+
+class _Bounded(dict):
+    """A dict that forgets its oldest entries beyond `limit`: a training run commits
+    without end, and every commit and manifest kept would grow the process (and the
+    garbage collector's work) for good."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.limit:
+            del self[next(iter(self))]
+
+
+def _xxh3_128() -> Callable[[Any], bytes]:
+    """xxhash's xxh3-128 digest function (imported on first use: metadata commands skip it)."""
+    import xxhash
+
+    return xxhash.xxh3_128_digest
 
 
 class FlatState(NamedTuple):
@@ -140,13 +166,14 @@ class Repo(Maintenance, WorkspaceMixin):
         if self.journal is not None:
             self.refs.before_write = self.journal.checkpoint
             self.journal.recover()
-        self._commits: dict[ObjectId, Commit] = {}
-        self._manifests: dict[ObjectId, Manifest] = {}
+        self._commits: dict[ObjectId, Commit] = _Bounded(METADATA_CACHED)
+        self._manifests: dict[ObjectId, Manifest] = _Bounded(METADATA_CACHED)
         # Tensors stored by this process: (xxh3-128 of the bytes, size) -> object id. Lets
         # an incremental commit skip the blake3 hash (and write) of unchanged tensors while
         # still reading every byte, so no write can be missed.
         self._known: OrderedDict[tuple[bytes, int], ObjectId] = OrderedDict()
-        self._recent: OrderedDict[ObjectId, bytes] = OrderedDict()
+        self._recent: OrderedDict[ObjectId, bytes | memoryview] = OrderedDict()
+        self._recent_bytes = 0
         # name -> xxh3-128 of the bytes of each tensor the last snapshot read (the
         # Snapshotter's committer hands them back, so the next change check hashes the
         # live tensor instead of byte-comparing it with a held copy)
@@ -292,12 +319,12 @@ class Repo(Maintenance, WorkspaceMixin):
         fresh = self._fresh.get(entry.id)
         if fresh is not None and fresh.nbytes == entry.nbytes:
             return fresh, 0
+        payload = self._recent.get(entry.id)
+        # the object must still exist (gc or pruning may have removed it meanwhile)
+        if payload is not None and len(payload) == entry.nbytes and \
+                not self.objects.verify_reads and self.objects.has(entry.id):
+            return payload, 0
         if entry.nbytes < MMAP_MIN:
-            payload = self._recent.get(entry.id)
-            # the object must still exist (gc or pruning may have removed it meanwhile)
-            if payload is not None and not self.objects.verify_reads and \
-                    self.objects.has(entry.id):
-                return payload, 0
             try:
                 kind, payload = self.objects.read(entry.id)
             except ObjectNotFoundError:
@@ -338,13 +365,21 @@ class Repo(Maintenance, WorkspaceMixin):
                                      "match its id (run `vrl fsck`)")
         return mapped, offset
 
-    def _remember(self, oid: ObjectId, payload: bytes) -> None:
+    def _remember(self, oid: ObjectId, payload: memoryview) -> None:
         """Keep small payloads just committed: the next commit's layer statistics read them
-        back (one file each otherwise, the main cost of snapshotting a small policy)."""
-        self._recent[oid] = payload
-        self._recent.move_to_end(oid)
-        while len(self._recent) > RECENT_MAX:
-            self._recent.popitem(last=False)
+        back (a read from a pack each otherwise, a main cost of snapshotting a small
+        policy). Copied once: an unchanged tensor's payload is kept as it is."""
+        recent = self._recent
+        if oid in recent:
+            recent.move_to_end(oid)
+            return
+        # staged for the batch's pack: a view of those (immutable) bytes, no second copy
+        kept = self.objects.staged_payload(oid)
+        recent[oid] = bytes(payload) if kept is None or kept.nbytes != payload.nbytes \
+            else kept
+        self._recent_bytes += payload.nbytes
+        while len(recent) > RECENT_MAX or self._recent_bytes > RECENT_BYTES:
+            self._recent_bytes -= memoryview(recent.popitem(last=False)[1]).nbytes
 
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]
@@ -530,7 +565,12 @@ class Repo(Maintenance, WorkspaceMixin):
         caller knows is stored (the Snapshotter's committer, for unchanged tensors)."""
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
-        self.digests = {}
+        digests: dict[str, bytes] = {}
+        self.digests = digests
+        from vrl.tensors import tensor_bytes  # (torch-free itself; imported once here)
+
+        known, objects, fingerprint = self._known, self.objects, _xxh3_128()
+        remember = RECENT_COMMIT_BYTES  # bytes this commit may still keep in _recent
         for name, value in tensors.items():
             if name in ties:
                 target = entries[ties[name]]
@@ -540,7 +580,7 @@ class Repo(Maintenance, WorkspaceMixin):
             if isinstance(value, TensorEntry):
                 # touch(): a reused object must look young, or a concurrent gc may delete
                 # it (it can be unreachable and old) before our ref points at it
-                if write and not self.objects.touch(value.id):
+                if write and not objects.touch(value.id):
                     raise ObjectNotFoundError(f"tensor {name!r} ({value.id[:12]}) vanished "
                                               "from the store (a concurrent gc?); the next "
                                               "snapshot sends it again")
@@ -549,34 +589,28 @@ class Repo(Maintenance, WorkspaceMixin):
             if isinstance(value, RawTensor):
                 buf, dtype, shape = value.data, value.dtype, value.shape
             else:
-                from vrl.tensors import tensor_bytes
-
                 buf, dtype, shape, _keep = tensor_bytes(value)
-            key = self._cache_key(buf)
-            self.digests[name] = key[0]
-            oid = self._known.get(key)
-            if oid is None or (write and not self.objects.touch(oid)):
-                oid = hash_object("tensor", buf, threads=buf.nbytes > (1 << 22))
-                if write and self.objects.put("tensor", buf, oid):
+            nbytes = buf.nbytes
+            # a fast non-cryptographic fingerprint of the bytes (the object id stays blake3)
+            key = (fingerprint(buf), nbytes)
+            digests[name] = key[0]
+            oid = known.get(key)
+            if oid is None or (write and not objects.touch(oid)):
+                oid = hash_object("tensor", buf, threads=nbytes > (1 << 22))
+                if write and objects.put("tensor", buf, oid):
                     new_ids.add(oid)
             if write:
-                if buf.nbytes >= MMAP_MIN:
+                if nbytes >= MMAP_MIN:
                     self._fresh[oid] = buf
-                self._known[key] = oid
-                self._known.move_to_end(key)
-                while len(self._known) > KNOWN_MAX:
-                    self._known.popitem(last=False)
-                if buf.nbytes < MMAP_MIN:
-                    self._remember(oid, bytes(buf))
-            entries[name] = TensorEntry(oid, dtype, shape, buf.nbytes)
+                known[key] = oid
+                known.move_to_end(key)
+                if len(known) > KNOWN_MAX:
+                    known.popitem(last=False)
+                if nbytes < PACK_MAX and nbytes <= remember:
+                    remember -= nbytes
+                    self._remember(oid, buf)
+            entries[name] = TensorEntry(oid, dtype, shape, nbytes)
         return entries, new_ids
-
-    @staticmethod
-    def _cache_key(buf: memoryview) -> tuple[bytes, int]:
-        """A fast non-cryptographic fingerprint of the bytes (the object id stays blake3)."""
-        import xxhash
-
-        return xxhash.xxh3_128_digest(buf), buf.nbytes
 
     def commit(self, state: Any, optimizer: Any = None, *, message: str = "",
                hparams: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
@@ -675,7 +709,9 @@ class Repo(Maintenance, WorkspaceMixin):
         message = fields["message"]
         attempt = 0
         while True:
-            parent = self.refs.read(ref)
+            # the parent the statistics were computed against, read moments ago: re-read
+            # only after a lost compare-and-swap (the swap itself checks it, under the lock)
+            parent = self.refs.read(ref) if attempt else early[0]
             if parent and not allow_empty and self.read_commit(parent).manifest == mid:
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                      f"({parent[:12]}); use --allow-empty to commit "

@@ -85,16 +85,40 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     seen: dict[tuple, str] = {}
     torch = _torch()
     np = sys.modules.get("numpy")
+    tensor_type = torch.Tensor if torch is not None else None
+    strided = torch.strided if torch is not None else None
 
-    def name_for(path: list[str]) -> str:
-        name = SEP.join(path) or "tensor"
+    # A path is the names from the top joined by SEP, built as the walk descends (None at
+    # the top, which differs from a path of one empty key)
+    def below(path: str | None, key: Any) -> str:
+        return str(key) if path is None else path + SEP + str(key)
+
+    def name_for(path: str | None) -> str:
+        name = path or "tensor"
         base, n = name, 1
         while name in tensors:
             n += 1
             name = f"{base}#{n}"
         return name
 
-    def enc(value: Any, path: list[str]) -> Any:
+    def enc(value: Any, path: str | None) -> Any:
+        # torch tensors first: a state dict is mostly them (every commit walks it)
+        if tensor_type is not None and isinstance(value, tensor_type):
+            if value.layout != strided or value.is_quantized:
+                raise CheckpointError(f"tensor {path or ''!r} is sparse or quantized; "
+                                      "convert it to a dense tensor first")
+            name = name_for(path)
+            tensors[name] = value
+            if value.numel() > 0 and not value.is_meta:
+                # (is_cpu first: `device.type` costs more than the rest of the key)
+                key = ("cpu" if value.is_cpu else value.device.type,
+                       value.untyped_storage().data_ptr(), value.storage_offset(),
+                       tuple(value.shape), value.stride(), value.dtype)
+                if key in seen:
+                    ties[name] = seen[key]
+                else:
+                    seen[key] = name
+            return {"$t": name}
         if isinstance(value, RawTensor):
             name = name_for(path)
             tensors[name] = value
@@ -105,23 +129,9 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
                 else:
                     seen[key] = name
             return {"$t": name}
-        if torch is not None and isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_quantized:
-                raise CheckpointError(f"tensor {SEP.join(path)!r} is sparse or quantized; "
-                                      "convert it to a dense tensor first")
-            name = name_for(path)
-            tensors[name] = value
-            if value.numel() > 0 and value.device.type != "meta":
-                key = (value.device.type, value.untyped_storage().data_ptr(),
-                       value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
-                if key in seen:
-                    ties[name] = seen[key]
-                else:
-                    seen[key] = name
-            return {"$t": name}
         if np is not None and isinstance(value, np.ndarray):
             if value.dtype.hasobject:
-                raise CheckpointError(f"array {SEP.join(path)!r} holds Python objects")
+                raise CheckpointError(f"array {path or ''!r} holds Python objects")
             name = name_for(path)
             tensors[name] = value
             return {"$t": name}
@@ -129,16 +139,16 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             items = []
             for k, v in value.items():
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
-                    raise CheckpointError(f"key {k!r} at {SEP.join(path) or 'top level'!r} "
+                    raise CheckpointError(f"key {k!r} at {path or 'top level'!r} "
                                           "is not a string or integer")
-                items.append([k, enc(v, [*path, str(k)])])
+                items.append([k, enc(v, below(path, k))])
             return {"$d": items}
         if isinstance(value, DtypeName):
             return {"$dt": str(value)}
         if isinstance(value, tuple):
-            return {"$tu": [enc(v, [*path, str(i)]) for i, v in enumerate(value)]}
+            return {"$tu": [enc(v, below(path, i)) for i, v in enumerate(value)]}
         if isinstance(value, list):
-            return [enc(v, [*path, str(i)]) for i, v in enumerate(value)]
+            return [enc(v, below(path, i)) for i, v in enumerate(value)]
         if isinstance(value, float):
             return value if math.isfinite(value) else {"$f": repr(value)}
         if value is None or isinstance(value, (str, int, bool)):
@@ -151,11 +161,11 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             return {"$dt": _dtype_name(value)}
         if np is not None and isinstance(value, (np.integer, np.floating, np.bool_)):
             return enc(value.item(), path)
-        raise CheckpointError(f"value at {SEP.join(path) or 'top level'!r} has type "
+        raise CheckpointError(f"value at {path or 'top level'!r} has type "
                               f"{type(value).__name__}, which a checkpoint cannot hold "
                               "(use tensors, numbers, strings, lists and dicts)")
 
-    tree = enc(obj, [])
+    tree = enc(obj, None)
     return tensors, tree, ties
 
 
@@ -194,10 +204,37 @@ def unflatten(tree: Any, tensors: Mapping[str, Any], raw: bool = False) -> Any:
     return dec(tree)
 
 
+# dtypes whose CPU tensors numpy views as they are (tensor_bytes' fast path) -> their name
+_NUMPY_VIEWABLE: dict[Any, str] = {}
+
+
+def _numpy_viewable() -> dict[Any, str]:
+    import torch
+
+    if not _NUMPY_VIEWABLE:
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
+                      torch.int16, torch.int8, torch.uint8, torch.bool):
+            _NUMPY_VIEWABLE[dtype] = _dtype_name(dtype)
+    return _NUMPY_VIEWABLE
+
+
 def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     """(raw little-endian bytes, dtype name, shape, keep-alive) of a tensor or array."""
     if isinstance(value, RawTensor):
         return value.data, value.dtype, value.shape, value
+    torch = _torch()
+    if torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter) and \
+            not value.requires_grad and value.is_cpu and value.is_contiguous():
+        # The common case, in a few calls (every commit reads every tensor): a plain,
+        # contiguous CPU tensor of a dtype numpy knows is viewed as it is, no copy
+        name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
+        if name is not None:
+            try:
+                view = memoryview(value.numpy()).cast("B")
+            except (RuntimeError, TypeError):  # a negative-bit view, no elements: below
+                pass
+            else:
+                return view, name, tuple(value.shape), value
     import numpy as np
 
     if isinstance(value, np.ndarray):

@@ -54,7 +54,7 @@ from pathlib import Path
 import xxhash
 
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
-from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error, thread_pool
+from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import ANY, RefStore, _fsync_all, check_ref_name, short_ref
 
@@ -308,22 +308,18 @@ class Journal:
             pack_fd = self.objects.place_pack(file, chunks, keep_open=True) \
                 if file and nbytes >= EXTERNAL_MIN else None
             external = pack_fd is not None
+            # the files the commit renames into place are written before its commit point
             staged: list[str | Path | None] = [None, None]
-
-            def stage() -> None:
-                """The files the commit renames into place, written while the record's
-                fdatasync runs (their creation cost as much as the disk's wait)."""
-                if file and not external:
-                    staged[0] = self.objects.stage_pack(chunks)[0]
-                staged[1] = refs.prepare_file(refs._path(name), new + "\n")[0]
-
             try:
                 record = encode(name, old, new, logs, file, [] if external else chunks,
                                 external)
                 end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
+                if file and not external:
+                    staged[0] = self.objects.stage_pack(chunks)[0]
+                staged[1] = refs.prepare_file(refs._path(name), new + "\n")[0]
                 before_append()
                 self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
-                             if external else [], meanwhile=stage)
+                             if external else [])
             except BaseException:
                 if external:
                     discard(Path(self.objects._pack_dir) / file)
@@ -345,40 +341,25 @@ class Journal:
                 self._checkpoint(fd, parse(_read_all(fd, end))[0])
         return old
 
-    def _append(self, fd: int, record: list, size: int, also: list | None = None,
-                meanwhile: Callable[[], None] | None = None) -> None:
+    def _append(self, fd: int, record: list, size: int, also: list | None = None) -> None:
         """The commit point: the record written and fdatasynced (with `also`, fds or
-        paths, fsynced in the same round) on a worker thread while this one runs
-        `meanwhile`; on any failure, the record is taken back."""
+        paths, fsynced in the same round); on failure, taken back."""
         opened: list[int] = []
-
-        def sync() -> None:
+        try:
+            os.lseek(fd, size, os.SEEK_SET)
+            if os.writev(fd, record) != sum(len(part) for part in record):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a partial record
             if also:
-                opened.extend(os.open(p, os.O_RDONLY) for p in also if isinstance(p, str))
+                opened = [os.open(p, os.O_RDONLY) for p in also if isinstance(p, str)]
                 _fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
             else:
                 os.fdatasync(fd)
-
-        try:
-            try:
-                os.lseek(fd, size, os.SEEK_SET)
-                if os.writev(fd, record) != sum(len(part) for part in record):
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # partial
-                synced = thread_pool("vrl-journal", 1).submit(sync)
-                try:
-                    if meanwhile is not None:
-                        meanwhile()
-                finally:
-                    synced.result()  # waited for even when `meanwhile` failed
-            finally:
-                for f in opened:
-                    os.close(f)
         except OSError as exc:
             self._take_back(fd, size)
             raise storage_error(exc, self.vrl_dir, "writing the commit journal") from exc
-        except BaseException:
-            self._take_back(fd, size)
-            raise
+        finally:
+            for f in opened:
+                os.close(f)
 
     def _take_back(self, fd: int, size: int) -> None:
         """Cut the journal back to `size` (the record failed: nothing was reported)."""

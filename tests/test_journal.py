@@ -289,3 +289,18 @@ def test_a_forked_child_commits_through_its_own_threads(tmp_path):
         raise AssertionError("the forked child's commit hung")
     assert os.waitstatus_to_exitcode(status) == 0
     assert len(list(Repo(tmp_path).log())) == 2
+
+
+def test_no_journal_stays_open_once_its_repositories_are_gone(tmp_path):
+    import gc
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    Repo.init(tmp_path / "warm").commit(policy(0), env=False)
+    gc.collect()
+    before = open_fds()
+    for i in range(20):
+        Repo.init(tmp_path / f"r{i}").commit(policy(i), env=False)
+    gc.collect()
+    assert open_fds() <= before + 2  # (pools' threads hold no file)

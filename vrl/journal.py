@@ -47,6 +47,7 @@ import os
 import re
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,19 +92,35 @@ class Record:
 
 class _Handle:
     """One open journal per file and process: flock excludes other processes, the RLock
-    other threads (flock does not: they share the open file)."""
+    other threads (flock does not: they share the open file). Closed once no `Journal`
+    uses it (a process that opens many repositories does not keep a file open for each)."""
 
     def __init__(self, path: str) -> None:
         # not O_APPEND: Linux's pwrite appends to such a file whatever the offset, and
         # the header is rewritten in place (appends are serialised by the lock anyway)
+        self.path = path
         self.fd = os.open(path, os.O_RDWR)
         self.pid = os.getpid()
         self.lock = threading.RLock()
         self.depth = 0
+        self.users = 0
 
 
 _HANDLES: dict[str, _Handle] = {}
 _HANDLES_LOCK = threading.Lock()
+
+
+def _release(handle: _Handle) -> None:
+    """A `Journal` using `handle` is gone: close it when it was the last."""
+    with _HANDLES_LOCK:
+        handle.users -= 1
+        if handle.users > 0:
+            return
+        if _HANDLES.get(handle.path) is handle:
+            del _HANDLES[handle.path]
+    if handle.pid == os.getpid():
+        with contextlib.suppress(OSError):
+            os.close(handle.fd)
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
@@ -191,6 +208,7 @@ class Journal:
         self.objects = objects
         self.refs = refs
         self.boot = boot_id()
+        self._uses: set[_Handle] = set()  # the handles this object counts as a user of
 
     @property
     def usable(self) -> bool:
@@ -204,6 +222,7 @@ class Journal:
             # and made again at this path): not the file to write to
             if handle is not None and (handle.pid != os.getpid() or
                                        os.fstat(handle.fd).st_nlink == 0):
+                del _HANDLES[self.path]
                 handle = None
             if handle is None:
                 if not os.path.exists(self.path):
@@ -213,6 +232,10 @@ class Journal:
                 except OSError as exc:
                     raise storage_error(exc, self.vrl_dir, "opening the commit journal"
                                         ) from exc
+            if handle not in self._uses:
+                handle.users += 1
+                self._uses.add(handle)
+                weakref.finalize(self, _release, handle)
             return handle
 
     def _create(self) -> None:

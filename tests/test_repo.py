@@ -520,3 +520,16 @@ def test_commit_after_another_process_reset_and_collected_its_parent(tmp_path):
     fresh = Repo(tmp_path, verify=True)
     assert fresh.fsck()["ok"]
     assert_same(state, fresh.load(third))
+
+
+def test_a_snapshot_restored_right_after_its_commit_is_independent_of_it(repo):
+    """The payloads a commit keeps for the next one's statistics are never what `load`
+    hands out: changing a restored tensor changes neither the store nor a later load."""
+    state = {"w": torch.randn(256, 256), "b": torch.randn(8)}  # 256 KiB: packed, mapped
+    cid = repo.commit(state, env=False)
+    got = repo.load(cid)
+    for t in got.values():
+        t.add_(1.0)
+    again = repo.load(cid)
+    assert all(torch.equal(again[k], state[k]) for k in state)
+    assert Repo(repo.workdir, verify=True).fsck()["ok"]

@@ -319,7 +319,11 @@ class Repo(Maintenance, WorkspaceMixin):
         fresh = self._fresh.get(entry.id)
         if fresh is not None and fresh.nbytes == entry.nbytes:
             return fresh, 0
-        payload = self._recent.get(entry.id)
+        # a payload kept from a recent commit serves small tensors, and read-only use of
+        # bigger ones (statistics); a restored big tensor is mapped as always (it must be
+        # writable and private, and a copy of it costs more than the mapping)
+        payload = self._recent.get(entry.id) \
+            if entry.nbytes < MMAP_MIN or mmap_min > MMAP_MIN else None
         # the object must still exist (gc or pruning may have removed it meanwhile)
         if payload is not None and len(payload) == entry.nbytes and \
                 not self.objects.verify_reads and self.objects.has(entry.id):

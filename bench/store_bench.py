@@ -315,8 +315,9 @@ def table(results: dict) -> str:
             (label, "incremental commit, 1 tensor changed, bare `repo.commit` (exact, "
              "reads every byte) / torch.save + fsync", r["vrl_incremental_commit"],
              r["torch_save_fsync"], "<= 0.25" if big else "<= 0.5"),
-            *([(label, "incremental commit, mean of 64 in a row (every 32nd merges the "
-                "packs) / torch.save + fsync", r["vrl_incremental_commit_mean"],
+            *([(label, "incremental commit, mean of 64 in a row (pack merges every 32 "
+                "commits and Python's garbage collection included) / torch.save + fsync",
+                r["vrl_incremental_commit_mean"],
                 r["torch_save_fsync"], "-")] if "vrl_incremental_commit_mean" in r else []),
             (label, "incremental commit, 1 tensor changed, through the Snapshotter "
              "(step + flush) / torch.save + fsync", r["vrl_snapshotter_commit"],

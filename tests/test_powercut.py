@@ -391,6 +391,27 @@ def test_removing_one_kind_of_fsync_is_caught(tmp_path, monkeypatch, kind):
     assert failures
 
 
+@pytest.mark.parametrize("broken", ["replay", "checkpoint"])
+def test_the_journals_replay_and_checkpoint_are_both_needed(tmp_path, monkeypatch, broken):
+    """Teeth for the commit journal: without re-applying its records after a reboot, cuts
+    lose reported commits; without checkpointing before a ref change outside it, the
+    replay moves main forward again after the reset."""
+    import vrl.journal as journal
+
+    with pytest.MonkeyPatch.context() as mutant:  # (the sweep undoes its own patches)
+        if broken == "replay":
+            real = journal.Journal._apply
+            mutant.setattr(journal.Journal, "_apply", lambda self, record, recovering,
+                           staged=None: None if recovering else
+                           real(self, record, recovering, staged))
+        else:
+            mutant.setattr(journal.Journal, "_checkpoint", lambda self, fd, records: None)
+        failures, _ = sweep(tmp_path, monkeypatch)
+    assert failures
+    if broken == "checkpoint":
+        assert all(p == ["main is not where the reset left it"] for _, p in failures)
+
+
 def test_without_fsync_a_power_cut_loses_commits(tmp_path, monkeypatch):
     failures, _ = sweep(tmp_path, monkeypatch, first_only=True, fsync=False)
     assert failures

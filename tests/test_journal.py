@@ -303,4 +303,28 @@ def test_no_journal_stays_open_once_its_repositories_are_gone(tmp_path):
     for i in range(20):
         Repo.init(tmp_path / f"r{i}").commit(policy(i), env=False)
     gc.collect()
+    Repo(tmp_path / "warm").commit(policy(1), env=False)  # closes what the gone ones left
     assert open_fds() <= before + 2  # (pools' threads hold no file)
+
+
+def test_a_repository_freed_while_the_journal_table_is_locked_does_not_hang(tmp_path):
+    """A finalizer runs in whatever allocation sets off the garbage collector - also one
+    made while the table of open journals is locked (a repository opened meanwhile): it
+    must not take that lock (this hung the test suite once)."""
+    import gc
+
+    holder = [Repo.init(tmp_path)]
+    holder[0].commit(policy(0), env=False)
+    done = threading.Event()
+
+    def free() -> None:
+        with journal._HANDLES_LOCK:
+            holder.clear()  # the repository is in reference cycles: only gc frees it
+            gc.collect()
+        done.set()
+
+    thread = threading.Thread(target=free, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert done.is_set(), "a journal's finalizer waited for a lock its own thread held"
+    assert Repo(tmp_path).commit(policy(1), env=False)

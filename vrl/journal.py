@@ -13,8 +13,11 @@ durable (with their directories) before the record is appended, as before.
     0    header, 64 bytes: b"vrljrnl1", the boot id of the records' machine (40 bytes,
          ASCII, space-padded), u64 offset up to which every record is materialised, pad
     64   records: b"VJR1", u32 JSON length, u64 body length, 16-byte xxh3-128 of JSON and
-         body, then the JSON ({ref, old, new, logs: [[log, line]], pack}) and the body (the
-         pack file's bytes)
+         body, then the JSON ({ref, old, new, logs: [[log, line]], pack, external}) and the
+         body (the pack file's bytes; empty for an `external` pack: one of 256 KiB or more,
+         a first commit's, is written once to its own file and fsynced in the same round as
+         the record instead - a replay drops such a record, the last, if that file is not
+         whole: its round never ended)
 
 Recovery (all under an `flock` of the journal, which the kernel releases if its holder
 dies):
@@ -110,17 +113,23 @@ _HANDLES: dict[str, _Handle] = {}
 _HANDLES_LOCK = threading.Lock()
 
 
-def _release(handle: _Handle) -> None:
-    """A `Journal` using `handle` is gone: close it when it was the last."""
-    with _HANDLES_LOCK:
+_RELEASED: list[_Handle] = []  # one entry per `Journal` gone (see _handle)
+
+
+def _close_released() -> None:
+    """Count the `Journal`s gone as users no more; close a handle when it was the last
+    (the caller holds _HANDLES_LOCK). The finalizer only appends: it may run in any
+    allocation, even one made while _HANDLES_LOCK is held."""
+    while _RELEASED:
+        handle = _RELEASED.pop()
         handle.users -= 1
         if handle.users > 0:
-            return
+            continue
         if _HANDLES.get(handle.path) is handle:
             del _HANDLES[handle.path]
-    if handle.pid == os.getpid():
-        with contextlib.suppress(OSError):
-            os.close(handle.fd)
+        if handle.pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(handle.fd)
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
@@ -217,6 +226,7 @@ class Journal:
     # ------------------------------------------------------------------ the file
     def _handle(self) -> _Handle:
         with _HANDLES_LOCK:
+            _close_released()
             handle = _HANDLES.get(self.path)
             # forked (the parent's), or the journal deleted since (a repository removed
             # and made again at this path): not the file to write to
@@ -235,7 +245,7 @@ class Journal:
             if handle not in self._uses:
                 handle.users += 1
                 self._uses.add(handle)
-                weakref.finalize(self, _release, handle)
+                weakref.finalize(self, _RELEASED.append, handle)
             return handle
 
     def _create(self) -> None:

@@ -662,6 +662,10 @@ class Repo(Maintenance, WorkspaceMixin):
         # Fewer is not crash-safe on a POSIX filesystem: a new file's data must be durable
         # before its name appears (or a cut can leave the name with lost data), the pack's
         # name before the ref's rename, and that rename before the commit is reported.
+        # With the commit journal (`self._journaled`, the default on Linux), steps 2-4 are
+        # one round: the batch is sealed instead of written, and the journal appends the
+        # pack's bytes, the ref's move and the reflog lines as one record and fdatasyncs
+        # it, then writes the pack, lines and ref without fsync (vrl/journal.py).
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         with contextlib.ExitStack() as batch:
             batch.callback(self._fresh.clear)

@@ -760,7 +760,7 @@ class FileObjectStore(ObjectStore):
             if tmp is not None:
                 try:
                     before = os.stat(self._pack_dir).st_mtime_ns
-                    os.replace(tmp, f"{self._pack_dir}/{file}")
+                    self._publish(tmp, file)
                     if before == self._pack_dir_mtime:
                         # only this rename changed the folder since the last look (to the
                         # clock's tick, the precision `_refresh` already accepts): the
@@ -775,20 +775,28 @@ class FileObjectStore(ObjectStore):
             self._register_pack(file, entries)
         self.drop_sealed()
 
+    def _publish(self, tmp: str, file: str) -> None:
+        """Rename a staged pack into objects/pack/ (made there if it is missing: a
+        repository older than `init` making it)."""
+        try:
+            os.replace(tmp, f"{self._pack_dir}/{file}")
+        except FileNotFoundError:
+            if not os.path.exists(tmp):
+                raise
+            os.makedirs(self._pack_dir, exist_ok=True)
+            os.replace(tmp, f"{self._pack_dir}/{file}")
+
     def stage_pack(self, chunks: Iterable[bytes | memoryview], keep_open: bool = False
                    ) -> tuple[str, int | None]:
-        """Write a pack's bytes to a temp file in objects/pack/ (no fsync); return its
-        path (to be renamed by the caller, or discarded if that never comes) and, with
-        `keep_open`, an open fd of it (else None)."""
-        tmp = f"{self._pack_dir}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
+        """Write a pack's bytes to a temp file in objects/ (no fsync); return its path (to
+        be renamed into objects/pack/ by the caller, or discarded if that never comes) and,
+        with `keep_open`, an open fd of it (else None). Not in pack/ itself: only the
+        rename then changes that folder, which `land_sealed` can vouch for."""
+        tmp = f"{self._root}/.tmp-{os.getpid()}-{os.urandom(6).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         fd = -1
         try:
-            try:
-                fd = os.open(tmp, flags, 0o444)
-            except FileNotFoundError:  # a repository made before `init` made pack/
-                os.makedirs(self._pack_dir, exist_ok=True)
-                fd = os.open(tmp, flags, 0o444)
+            fd = os.open(tmp, flags, 0o444)
             # one write call: a syscall per object cost more than the copy
             _write_all(fd, b"".join(chunks))
         except OSError as exc:
@@ -813,7 +821,7 @@ class FileObjectStore(ObjectStore):
         record, in the same round."""
         tmp, fd = self.stage_pack(chunks, keep_open)
         try:
-            os.replace(tmp, f"{self._pack_dir}/{file}")
+            self._publish(tmp, file)
         except OSError as exc:
             if fd is not None:
                 os.close(fd)
@@ -977,7 +985,7 @@ class FileObjectStore(ObjectStore):
 
     def temp_files(self) -> Iterator[tuple[Path, float]]:
         """Leftovers of interrupted writes (safe to delete once old)."""
-        for f in self.root.glob("*/.tmp-*"):
+        for f in [*self.root.glob(".tmp-*"), *self.root.glob("*/.tmp-*")]:
             try:
                 yield f, f.stat().st_mtime
             except FileNotFoundError:

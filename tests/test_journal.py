@@ -328,3 +328,22 @@ def test_a_repository_freed_while_the_journal_table_is_locked_does_not_hang(tmp_
     thread.join(20)
     assert done.is_set(), "a journal's finalizer waited for a lock its own thread held"
     assert Repo(tmp_path).commit(policy(1), env=False)
+
+
+def test_a_journal_held_too_long_by_another_process_is_a_clear_error(tmp_path, monkeypatch):
+    """Like a ref's lock: a holder that is stopped (not dead) makes others give up with a
+    one-line error instead of waiting forever."""
+    import fcntl
+
+    repo = Repo.init(tmp_path)
+    head = repo.commit(policy(0), env=False)
+    monkeypatch.setattr(journal, "LOCK_TIMEOUT", 0.3)
+    other = os.open(repo.vrl_dir / "journal", os.O_RDWR)  # another open file: as a process
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with pytest.raises(journal.RefConflictError, match="held by another vrl process"):
+            repo.commit(policy(1), env=False)
+    finally:
+        os.close(other)
+    assert Repo(tmp_path).head() == head
+    assert repo.commit(policy(1), env=False) != head

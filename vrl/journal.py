@@ -50,6 +50,7 @@ import os
 import re
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ import xxhash
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
 from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
 from vrl.objects import ObjectId, is_object_id
-from vrl.refs import ANY, RefStore, _fsync_all, check_ref_name, short_ref
+from vrl.refs import ANY, LOCK_TIMEOUT, RefStore, _fsync_all, check_ref_name, short_ref
 
 HEADER = struct.Struct("<8s40sQ8x")
 MAGIC = b"vrljrnl1"
@@ -275,7 +276,7 @@ class Journal:
         handle = self._handle()
         with handle.lock:
             if handle.depth == 0:
-                fcntl.flock(handle.fd, fcntl.LOCK_EX)
+                self._lock(handle.fd)
             handle.depth += 1
             try:
                 if handle.depth == 1:
@@ -285,6 +286,24 @@ class Journal:
                 handle.depth -= 1
                 if handle.depth == 0:
                     fcntl.flock(handle.fd, fcntl.LOCK_UN)
+
+    def _lock(self, fd: int) -> None:
+        """flock the journal; like a ref's lock, give up after LOCK_TIMEOUT seconds (a
+        holder that is stopped, not dead, would otherwise make everyone wait forever)."""
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        delay = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RefConflictError(
+                        f"the commit journal of {self.vrl_dir} is held by another vrl "
+                        f"process for over {LOCK_TIMEOUT:.0f} s (stopped?); resume or end "
+                        "it and retry") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
 
     def _settle(self, fd: int) -> None:
         """Re-apply what a dead holder (or a power cut) left unmaterialised."""

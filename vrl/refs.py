@@ -429,7 +429,7 @@ class RefStore:
                      sync: bool = False) -> tuple[Path, int | None]:
         """Write the ref's temp file (with `sync`, its new folders made durable); return
         it and, with `keep_open`, an open fd of it. `_write_file(tmp=...)` swaps it in:
-        the commit journal writes it while its record's fdatasync runs."""
+        the commit journal writes it before its commit point and swaps it in after."""
         tmp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
         try:
             make_dirs(path.parent, sync)

@@ -457,3 +457,27 @@ def test_a_loose_small_object_reused_in_a_batch_is_packed_again_harmlessly(tmp_p
     assert store.check() == [] and store.verify(loose) == "tensor"
     assert store.delete_many([loose])[0] == 1
     assert not FileObjectStore(tmp_path / "objects").has(loose)
+
+
+def test_merged_packs_are_merged_again_only_with_their_own_size_class(tmp_path, monkeypatch):
+    """Commits' fresh packs merge among themselves; a merged pack waits for enough merged
+    ones before it is rewritten (so a commit's bytes are not rewritten at every merge)."""
+    import vrl.object_store
+
+    monkeypatch.setattr(vrl.object_store, "AUTO_MERGE", 3)
+    repo = Repo.init(tmp_path / "repo")
+    ids = [repo.commit(state(0), env=False)]
+    fresh_size = pack_files(repo)[0].stat().st_size
+    monkeypatch.setattr(vrl.object_store, "FRESH_MAX", 2 * fresh_size)  # 2+ packs merged
+    sizes = []
+    for i in range(1, 9):
+        ids.append(repo.commit(state(i), env=False))
+        sizes.append(sorted(p.stat().st_size for p in pack_files(repo)))
+    # after 3 fresh packs: one merged; after 3 more: two merged (the first not rewritten)
+    assert len(sizes[1]) == 1 and len(sizes[4]) == 2 and sizes[1][0] in sizes[4]
+    # the third merged pack makes the merged class merge: one pack holds everything
+    assert len(sizes[7]) == 1
+    fresh = Repo(repo.workdir, verify=True)
+    for i, cid in enumerate(ids):
+        assert_same(state(i), fresh.load(cid))
+    assert fresh.fsck()["ok"]

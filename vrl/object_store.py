@@ -209,8 +209,9 @@ PACK_SPILL = 64 << 20
 """Staged bytes beyond this are written out as a pack at once (a commit of many
 mid-sized tensors then writes several packs instead of holding them all in memory)."""
 PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
-AUTO_MERGE = 32  # this many packs below MERGED_MAX are merged after a commit
-MERGED_MAX = 8 << 20
+AUTO_MERGE = 32  # this many packs of one size class are merged after a commit
+MERGED_MAX = 8 << 20  # packs from this size up are never merged again (but by repack)
+FRESH_MAX = 256 << 10  # the size class of one commit's pack of a small policy
 
 
 # in FileObjectStore._freshened (names of packs freshened in the open batch): the pack
@@ -1096,23 +1097,31 @@ class FileObjectStore(ObjectStore):
 
     def consolidate(self) -> int:
         """Bound the number of packs a reader must index (one per commit otherwise): once
-        AUTO_MERGE packs below MERGED_MAX bytes exist, merge them into one. Bigger packs
-        are left alone, so the work stays proportional to what is new. Returns the number
-        of packs merged (0 if nothing was due)."""
+        AUTO_MERGE packs of one size class exist - below FRESH_MAX (commits' own packs), or
+        from there to MERGED_MAX (merged ones) - merge them into one. Packs are merged by
+        class so that a commit's bytes are rewritten about twice, not once per merge (a
+        merged pack merged again with every 32 new ones rewrote it up to four times: most
+        of a small commit's mean cost). Bigger packs are left alone. Returns the number of
+        packs merged (0 if nothing was due)."""
         self._refresh(force=False)
-        if len(self._packs) < AUTO_MERGE:  # the common case: not even a stat per pack
-            return 0
-        small = []
-        for name in sorted(self._packs):
-            try:
-                if os.stat(f"{self._pack_dir}/{name}").st_size < MERGED_MAX:
-                    small.append(name)
-            except FileNotFoundError:
-                continue
-        if len(small) < AUTO_MERGE:
-            return 0
-        self._merge(small, [])
-        return len(small)
+        merged = 0
+        for _ in range(2):  # one merge per class at most
+            if len(self._packs) < AUTO_MERGE:  # the common case: not even a stat
+                break
+            classes: tuple[list[str], list[str]] = ([], [])
+            for name in sorted(self._packs):
+                try:
+                    size = os.stat(f"{self._pack_dir}/{name}").st_size
+                except FileNotFoundError:
+                    continue
+                if size < MERGED_MAX:
+                    classes[size >= FRESH_MAX].append(name)
+            due = next((names for names in classes if len(names) >= AUTO_MERGE), None)
+            if due is None:
+                break
+            self._merge(due, [])  # (a merged pack may complete the next class: again)
+            merged += len(due)
+        return merged
 
     def _merge(self, packs: list[str], loose: list[ObjectId]) -> tuple[int, int]:
         objects: dict[ObjectId, bytes] = {}

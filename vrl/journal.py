@@ -56,8 +56,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
-
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
 from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
 from vrl.objects import ObjectId, is_object_id
@@ -140,16 +138,18 @@ def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, 
                        "external": external,
                        "logs": [[log, line.decode()] for log, line in logs]},
                       separators=(",", ":")).encode()
+    size = sum(memoryview(part).nbytes for part in body)
+    return [RECORD.pack(RECORD_MAGIC, len(meta), size, _digest(meta, *body)), meta, *body]
+
+
+def _digest(meta: bytes, *body: bytes | memoryview) -> bytes:
+    """xxh3-128 of a record's JSON and body (imported here: metadata commands, which open
+    a repository but never write one, need not load xxhash)."""
+    import xxhash
+
     h = xxhash.xxh3_128(meta)
     for part in body:
         h.update(part)
-    size = sum(memoryview(part).nbytes for part in body)
-    return [RECORD.pack(RECORD_MAGIC, len(meta), size, h.digest()), meta, *body]
-
-
-def _digest(meta: bytes, body: bytes | memoryview) -> bytes:
-    h = xxhash.xxh3_128(meta)
-    h.update(body)
     return h.digest()
 
 

@@ -51,6 +51,7 @@ def test_a_commit_makes_one_pack_and_freshens_each_reused_pack_once(tmp_path, mo
     repo = Repo.init(tmp_path)
     state = policy(0)
     repo.commit(state, env=False)
+    repo.sync()  # (its pack in place: reused objects freshen it)
     utimes: list[str] = []
     real_utime = os.utime
 
@@ -61,6 +62,7 @@ def test_a_commit_makes_one_pack_and_freshens_each_reused_pack_once(tmp_path, mo
     monkeypatch.setattr(os, "utime", utime)
     state["layer0.weight"].add_(1.0)  # five tensors reused from the first commit's pack
     repo.commit(state, env=False)
+    repo.sync()
     monkeypatch.undo()
     assert len(utimes) == 1 and "/pack/pack-" in utimes[0]
     assert len(list((repo.vrl_dir / "objects" / "pack").glob("pack-*.pack"))) == 2
@@ -112,6 +114,7 @@ def test_a_damaged_applied_reflog_line_is_still_damage(tmp_path):
     repo = Repo.init(tmp_path)
     repo.commit(policy(0), env=False)
     second = repo.commit(policy(1), env=False)
+    repo.sync()
     log = repo.vrl_dir / "logs" / "refs" / "heads" / "main"
     bad = "0" if second[0] != "0" else "1"
     log.write_text(log.read_text().replace(f" {second} ", f" {bad}{second[1:]} "))

@@ -1,8 +1,8 @@
 """Background snapshots (Snapshotter) and retention (prune)."""
 
+import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -135,19 +135,21 @@ def test_background_error_surfaces_at_next_call(repo, committer):
     assert repo.fsck()["ok"]
 
 
-class held_ref_lock:
-    """Hold a branch's ref lock as a live vrl process would: commits to it wait."""
+class held_journal:
+    """Hold the commit journal as a live vrl process does while it commits (its flock):
+    commits wait."""
 
-    def __init__(self, repo, branch):
-        self.path = repo.vrl_dir / "refs" / "heads" / f"{branch}.lock"
+    def __init__(self, repo):
+        self.fd = os.open(repo.vrl_dir / "journal", os.O_RDWR)
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(f"{os.getpid()} {socket.gethostname()}\n")
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
     def release(self):
-        self.path.unlink(missing_ok=True)
+        if self.fd is not None:
+            os.close(self.fd)  # (releases the flock)
+            self.fd = None
 
     def __exit__(self, *exc):
         self.release()
@@ -156,7 +158,7 @@ class held_ref_lock:
 def test_step_returns_before_the_commit_lands(repo, committer):
     model = small_policy()
     snap = Snapshotter(repo, model, branch="run", committer=committer)
-    with held_ref_lock(repo, "run"):  # the committer cannot finish while we hold it
+    with held_journal(repo):  # the committer cannot finish while we hold it
         start = time.perf_counter()
         snap.step(0)
         elapsed = time.perf_counter() - start
@@ -172,7 +174,7 @@ def test_backpressure_blocks_instead_of_queueing_without_bound(repo, committer):
     snap = Snapshotter(repo, model, branch="run", queue_size=1, include_rng=False,
                        committer=committer)
     took = []
-    with held_ref_lock(repo, "run") as lock:
+    with held_journal(repo) as lock:
         threading.Timer(1.5, lock.release).start()
         for i in range(4):
             with torch.no_grad():
@@ -372,7 +374,7 @@ def test_rehash_is_a_no_op_kept_for_compatibility(repo):
 
 
 SIGTERM_SCRIPT = textwrap.dedent("""
-    import os, signal, socket, sys, threading, time, torch
+    import fcntl, os, signal, sys, threading, time, torch
     from vrl import Repo
     from vrl.hooks import Snapshotter
     repo = Repo(sys.argv[1])
@@ -382,14 +384,13 @@ SIGTERM_SCRIPT = textwrap.dedent("""
     signal.signal(signal.SIGTERM, mine)
     model = torch.nn.Linear(64, 64)
     snap = Snapshotter(repo, model, branch="run", queue_size=4, committer=sys.argv[2])
-    lock = repo.vrl_dir / "refs" / "heads" / "run.lock"  # hold the committer back
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_text(f"{os.getpid()} {socket.gethostname()}")
+    held = os.open(repo.vrl_dir / "journal", os.O_RDWR)  # hold the committer back, as
+    fcntl.flock(held, fcntl.LOCK_EX)  # a live vrl process committing does
     for i in range(3):
         with torch.no_grad():
             model.weight.add_(1)
         snap.step(i)
-    threading.Timer(1.5, lock.unlink).start()
+    threading.Timer(1.5, os.close, (held,)).start()
     print("queued", flush=True)
     time.sleep(60)
 """)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -48,6 +50,7 @@ def test_a_small_commit_is_one_fdatasync_and_no_fsync(tmp_path, monkeypatch):
             calls.append(f"{n} {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))}"),
             r(fd))[1])
     cid = repo.commit(policy(1), env=False, message="second")
+    repo.journal.wait()  # (its files are written in the background)
     monkeypatch.undo()
     assert calls == ["fdatasync journal"]
     (record,) = records(repo)[-1:]
@@ -60,12 +63,49 @@ def test_a_small_commit_is_one_fdatasync_and_no_fsync(tmp_path, monkeypatch):
     assert fresh.refs.reflog("HEAD")[0].new == cid
 
 
+def test_a_commit_returns_before_its_files_and_every_reader_sees_it(tmp_path, monkeypatch):
+    """The ref, reflog lines and pack are written in the background after commit
+    returned: until they are, this process reads the commit from memory or waits, and
+    another process waits for the journal's holder - no reader misses a reported commit."""
+    repo = Repo.init(tmp_path)
+    first = repo.commit(policy(0), env=False)
+    repo.sync()
+    go = threading.Event()
+    real = journal.Journal._apply
+
+    def slow(self, record, recovering, sealed=None):
+        if not recovering:
+            assert go.wait(30)
+        return real(self, record, recovering, sealed)
+
+    monkeypatch.setattr(journal.Journal, "_apply", slow)
+    state = policy(1)
+    cid = repo.commit(state, env=False, message="second")
+    ref = repo.vrl_dir / "refs" / "heads" / "main"
+    assert ref.read_text() == first + "\n"  # not written yet ...
+    assert repo.objects.read(cid)[0] == "commit"  # ... its objects are read from memory
+    assert repo.read_commit(cid).parents == (first,)
+    reader = subprocess.Popen([sys.executable, "-m", "vrl", "-C", str(tmp_path), "log",
+                               "--oneline"], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert reader.poll() is None  # waiting for the journal's holder
+    threading.Timer(0.5, go.set).start()
+    start = time.monotonic()
+    assert Repo(tmp_path).head() == cid  # this process: waits too
+    assert time.monotonic() - start > 0.3
+    out, _ = reader.communicate(timeout=60)
+    assert reader.returncode == 0 and out.splitlines()[0].startswith(cid[:7])
+    assert ref.read_text() == cid + "\n"
+    assert_loads(Repo(tmp_path, verify=True), cid, state)
+
+
 def test_after_a_power_cut_every_lost_file_is_written_again(tmp_path, monkeypatch):
     """What a cut can lose of a journaled commit - its pack, the ref's content, reflog
     lines - comes back from the journal when the repository is opened after the reboot."""
     repo = Repo.init(tmp_path)
     states = [policy(i) for i in range(3)]
     ids = [repo.commit(s, env=False) for s in states]
+    repo.sync()
     packs = {r.pack for r in records(repo)}
     for name in packs:
         (repo.vrl_dir / "objects" / "pack" / name).unlink()
@@ -99,9 +139,11 @@ def test_replay_never_undoes_a_later_ref_change(tmp_path, monkeypatch):
 def test_a_torn_record_is_cut_off_and_moves_nothing(tmp_path):
     repo = Repo.init(tmp_path)
     cid = repo.commit(policy(0), env=False)
+    repo.sync()
     path = repo.vrl_dir / "journal"
     intact = path.read_bytes()
     repo.commit(policy(1), env=False)
+    repo.sync()
     torn = path.read_bytes()[: len(intact) + 100]  # a cut in the middle of the append
     path.write_bytes(torn)
     (repo.vrl_dir / "refs" / "heads" / "main").write_text(cid + "\n")  # never moved
@@ -123,6 +165,7 @@ def test_a_torn_record_is_cut_off_and_moves_nothing(tmp_path):
 def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
     repo = Repo.init(tmp_path)
     first = repo.commit(policy(0), env=False)
+    repo.sync()
     before = (repo.vrl_dir / "journal").read_bytes()
     logs = (repo.vrl_dir / "logs" / "HEAD").read_bytes()
     real = getattr(os, fail)
@@ -144,24 +187,36 @@ def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
     assert_loads(Repo(tmp_path, verify=True), cid, state)
 
 
-def test_a_failed_materialisation_takes_the_record_back(tmp_path, monkeypatch):
-    """The pack or ref cannot be written after the record is durable (e.g. a full disk):
-    the record is cut off again, the reflog lines undone, and the error says so."""
+@pytest.mark.parametrize("what", ["ref", "reflog", "pack"])
+def test_a_failed_materialisation_is_finished_once_it_can_be(tmp_path, monkeypatch, what):
+    """The pack, a reflog line or the ref cannot be written after the record is durable
+    (e.g. a full disk; this is done in the background, after commit returned): the
+    commit stands. Every later command of this process reports the error while it lasts
+    (it tries again first), nothing is half-written, and the first command after it
+    finishes the commit, whole."""
     repo = Repo.init(tmp_path)
     first = repo.commit(policy(0), env=False)
-    before = (repo.vrl_dir / "journal").read_bytes()
-    logs = (repo.vrl_dir / "logs" / "HEAD").read_bytes()
+    repo.sync()
+    target, name = {"ref": (journal.RefStore, "_write_file"),
+                    "reflog": (journal.RefStore, "_append_log"),
+                    "pack": (journal.FileObjectStore, "stage_pack")}[what]
 
     def full(self, *a, **k):
-        raise journal.storage_error(OSError(errno.ENOSPC, "full"), self.root, "writing a ref")
+        raise journal.storage_error(OSError(errno.ENOSPC, "full"), tmp_path, "writing")
 
-    monkeypatch.setattr(journal.RefStore, "_write_file", full)
-    with pytest.raises(StorageError, match="disk full"):
-        repo.commit(policy(1), env=False)
+    monkeypatch.setattr(target, name, full)
+    state = policy(1)
+    cid = repo.commit(state, env=False)  # durable: its record is
+    for _ in range(2):
+        with pytest.raises(StorageError, match="recorded .* disk full") as info:
+            repo.head()
+        assert "\n" not in str(info.value)
     monkeypatch.undo()
-    assert (repo.vrl_dir / "journal").read_bytes() == before
-    assert (repo.vrl_dir / "logs" / "HEAD").read_bytes() == logs
-    assert Repo(tmp_path).head() == first
+    assert (repo.vrl_dir / "refs" / "heads" / "main").read_text() == first + "\n"
+    assert repo.head() == cid
+    assert [e.new for e in repo.refs.reflog("HEAD")] == [cid, first]
+    assert_loads(Repo(tmp_path, verify=True), cid, state)
+    assert Repo(tmp_path).fsck()["ok"]
 
 
 def test_the_journal_is_checkpointed_when_it_grows(tmp_path, monkeypatch):
@@ -170,6 +225,7 @@ def test_the_journal_is_checkpointed_when_it_grows(tmp_path, monkeypatch):
     sizes = []
     for i in range(6):
         repo.commit(policy(i), env=False)
+        repo.sync()  # (the checkpoint is part of the background work)
         sizes.append((repo.vrl_dir / "journal").stat().st_size)
     assert max(sizes) < 20_000 + 2 * 16_000 and min(sizes) == journal.HEADER.size
 
@@ -258,6 +314,7 @@ def test_a_repository_made_again_at_the_same_path_gets_its_own_journal(tmp_path)
 
     first = Repo.init(tmp_path / "repo")
     first.commit(policy(0), env=False)
+    first.sync()  # (its files are written in the background)
     shutil.rmtree(tmp_path / "repo")
     again = Repo.init(tmp_path / "repo")
     cid = again.commit(policy(1), env=False)

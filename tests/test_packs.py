@@ -34,6 +34,7 @@ def entries(repo: Repo, rev: str = "HEAD"):
 
 
 def pack_files(repo: Repo) -> list[Path]:
+    repo.sync()  # (a commit's pack is placed in the background)
     return sorted((repo.vrl_dir / "objects" / "pack").glob("pack-*.pack"))
 
 
@@ -413,6 +414,7 @@ def test_a_small_policy_commit_creates_no_directory_and_one_file(tmp_path, monke
     repo.commit(state, env=False)
     state["actor.w1"].add_(1.0)
     repo.commit(state, env=False)
+    repo.sync()
     assert made == []
     objects = repo.vrl_dir / "objects"
     assert sorted(p.name for p in objects.iterdir()) == ["pack"]

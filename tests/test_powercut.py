@@ -402,8 +402,8 @@ def test_the_journals_replay_and_checkpoint_are_both_needed(tmp_path, monkeypatc
         if broken == "replay":
             real = journal.Journal._apply
             mutant.setattr(journal.Journal, "_apply", lambda self, record, recovering,
-                           staged=None: None if recovering else
-                           real(self, record, recovering, staged))
+                           sealed=None: None if recovering else
+                           real(self, record, recovering, sealed))
         else:
             mutant.setattr(journal.Journal, "_checkpoint", lambda self, fd, records: None)
         failures, _ = sweep(tmp_path, monkeypatch)

@@ -35,6 +35,7 @@ def state(i: int, n: int = 64) -> dict[str, torch.Tensor]:
 def history(path: Path, n: int, size: int = 64) -> tuple[Repo, list[str]]:
     repo = Repo.init(path)
     ids = [repo.commit(state(i, size), env=False, message=f"s{i}") for i in range(n)]
+    repo.sync()  # (the tests read and damage the files themselves)
     return repo, ids
 
 

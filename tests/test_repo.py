@@ -251,10 +251,12 @@ def test_store_growth_is_changed_tensors_plus_small_metadata(repo):
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(10)])
     repo.commit(model, env=False)
+    repo.sync()
     before = store_bytes(repo)
     with torch.no_grad():
         model[3].weight.add_(0.01)
     cid = repo.commit(model, env=False)
+    repo.sync()
     growth = store_bytes(repo) - before
     changed = 64 * 64 * 4
     assert changed + 64 <= growth <= changed + 64 + 8_000  # + header + manifest + commit

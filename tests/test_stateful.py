@@ -177,6 +177,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.counter = 0
 
     def teardown(self) -> None:
+        self.repo.sync()  # (a commit's files are written in the background)
         self.patch.undo()
         shutil.rmtree(self.dir, ignore_errors=True)
 

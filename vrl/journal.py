@@ -5,10 +5,16 @@ pack's data, then its name with the ref's temp file and reflog lines, then the r
 rename: bench/commit_floor.py), which for a small policy cost more than the whole
 `torch.save` a user compares with. With it, a commit appends one record to `.vrl/journal`
 - the commit's pack of small objects (manifest, commit, small tensors), the ref's move and
-its reflog lines - and fdatasyncs that one file: that is the commit point. The pack file,
-the reflog lines and the ref are then written as always, but without fsync
-("materialised"); readers never look at the journal. Big tensors are loose files made
-durable (with their directories) before the record is appended, as before.
+its reflog lines - and fdatasyncs that one file: that is the commit point, and `commit`
+returns. The pack file, the reflog lines and the ref are then written as always, but
+without fsync ("materialised"), by a background thread that holds the journal until it is
+done. Readers never parse the journal: this process reads the commit's objects from
+memory meanwhile and waits for that thread before reading refs (`wait`, installed as the
+ref store's and object store's barrier); another process sees in the header that a record
+is not materialised yet and waits for the journal's lock. Big tensors are loose files made
+durable (with their directories) before the record is appended, as before. A journaled
+commit takes no ref lock file: every ref change outside the journal holds it throughout
+(`exclusive`, the ref store's guard).
 
     0    header, 64 bytes: b"vrljrnl1", the boot id of the records' machine (40 bytes,
          ASCII, space-padded), u64 offset up to which every record is materialised, pad
@@ -45,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -53,11 +60,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
-from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
+from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error, thread_pool
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import ANY, LOCK_TIMEOUT, RefStore, _fsync_all, check_ref_name, short_ref
 
@@ -68,6 +76,7 @@ RECORD_MAGIC = b"VJR1"
 JOURNAL_MAX = 64 << 20  # checkpoint once the journal is this big (bounds a replay)
 EXTERNAL_MIN = 256 << 10  # a pack this big is fsynced in its own file, not journaled
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+BACKGROUND = -1  # `_Handle.owner` while a record is materialised in the background
 
 
 def boot_id() -> str | None:
@@ -103,9 +112,15 @@ class _Handle:
         self.path = path
         self.fd = os.open(path, os.O_RDWR)
         self.pid = os.getpid()
-        self.lock = threading.RLock()
+        # a plain Lock, not an RLock: a commit hands it (with the flock) to the thread
+        # that materialises its record, which releases it (`held` does the reentrancy)
+        self.lock = threading.Lock()
+        self.owner: int | None = None  # the thread holding it (BACKGROUND: a handed one)
         self.depth = 0
         self.users = 0
+        self.pending: Future | None = None  # a record being materialised in the background
+        self.job: Callable[[], None] | None = None  # what `pending` runs
+        self.failed = False  # the last one was not: the next holder re-applies it
 
 
 _HANDLES: dict[str, _Handle] = {}
@@ -274,18 +289,100 @@ class Journal:
     def held(self) -> Iterator[int]:
         """Hold the journal (reentrant), with every record materialised: yields the fd."""
         handle = self._handle()
-        with handle.lock:
-            if handle.depth == 0:
-                self._lock(handle.fd)
+        if handle.owner == threading.get_ident():
             handle.depth += 1
             try:
-                if handle.depth == 1:
-                    self._settle(handle.fd)
                 yield handle.fd
             finally:
                 handle.depth -= 1
-                if handle.depth == 0:
-                    fcntl.flock(handle.fd, fcntl.LOCK_UN)
+            return
+        self._acquire(handle)
+        try:
+            yield handle.fd
+        finally:
+            self._release(handle)
+
+    def _acquire(self, handle: _Handle) -> None:
+        """Take the journal: other threads (and a record still being materialised in the
+        background) by the handle's lock, other processes by flock; then settle."""
+        handle.lock.acquire()
+        try:
+            self._lock(handle.fd)
+        except BaseException:
+            handle.lock.release()
+            raise
+        handle.owner, handle.depth = threading.get_ident(), 1
+        try:
+            self._settle(handle.fd)
+        except BaseException:
+            self._release(handle)
+            raise
+        handle.failed = False
+
+    @staticmethod
+    def _release(handle: _Handle) -> None:
+        handle.owner, handle.depth = None, 0
+        try:
+            fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        finally:
+            handle.lock.release()
+
+    def wait(self) -> None:
+        """Wait until every commit reported so far is materialised (its ref, reflog lines
+        and pack in place): called before refs are read and when an object is missing. In
+        this process, its last commit's background work; in another one, a record
+        appended and not yet materialised (the header says so) - then the journal is
+        taken, which waits for its holder (or finishes what a dead one left)."""
+        handle = _HANDLES.get(self.path)
+        if handle is not None and handle.pid == os.getpid():
+            if handle.owner == threading.get_ident():
+                return  # this thread holds it: everything is materialised (or is being)
+            pending = handle.pending
+            if pending is not None:
+                if pending.cancel():  # not started yet: do it here, not wait for a wakeup
+                    with _HANDLES_LOCK:
+                        job, handle.job = handle.job, None
+                    if job is not None:
+                        job()
+                    else:  # another thread is doing it: done when it lets go
+                        with handle.lock:
+                            pass
+                else:
+                    pending.result()
+                if handle.pending is pending:
+                    handle.pending = None
+            if handle.failed:
+                try:
+                    with self.held():  # re-applies it
+                        return
+                except StorageError as exc:
+                    raise StorageError(f"a commit recorded in the commit journal could "
+                                       f"not be written out yet: {exc}") from exc
+        if self._behind(handle):
+            # read-only, or held for too long: this reader reads what is in place
+            with contextlib.suppress(OSError, VrlError), self.held():
+                pass
+
+    def _behind(self, handle: _Handle | None) -> bool:
+        """Whether the journal holds records not materialised yet (a commit of another
+        process between its commit point and the end of its background work)."""
+        if not self.usable:
+            return False
+        mine = handle is not None and handle.pid == os.getpid()
+        try:
+            fd = handle.fd if mine else os.open(self.path, os.O_RDONLY)  # type: ignore
+        except OSError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            header = self._read_header(fd) if size > HEADER.size else None
+        except OSError:
+            return False
+        finally:
+            if not mine:
+                os.close(fd)
+        return size > HEADER.size and (header is None or header[0] != self.boot or
+                                       header[1] < size)
 
     def _lock(self, fd: int) -> None:
         """flock the journal; like a ref's lock, give up after LOCK_TIMEOUT seconds (a
@@ -338,11 +435,26 @@ class Journal:
                before_append: Callable[[], None]) -> ObjectId | None:
         """Compare-and-swap ref `name` (HEAD: its branch) to `new` through the journal,
         with the object store's sealed pack; return the old value. `before_append` makes
-        everything outside the record durable first (the big tensors' files)."""
+        everything outside the record durable first (the big tensors' files).
+
+        The commit is durable, and is returned, once its record is: the pack, reflog
+        lines and ref are then written by a background thread, which holds the journal
+        until they are (other processes wait for it; this one's reads of refs and packs
+        do, by `wait`). No ref lock file is taken: every ref change outside the journal
+        holds the journal throughout (`exclusive`)."""
         refs = self.refs
         if name == "HEAD":
             name = refs.head_target() or "HEAD"
-        with refs.lock(name, journaled=True), self.held() as fd:
+        if name != "HEAD":
+            refs.check_new(name)
+        handle = self._handle()
+        nested = handle.owner == threading.get_ident()
+        if not nested:
+            self._acquire(handle)
+        fd = handle.fd
+        handed = False
+        sealed = pack_fd = None
+        try:
             try:
                 old = refs.read_raw(name) if name == "HEAD" else refs.read(name)
             except RevisionError as exc:
@@ -354,44 +466,59 @@ class Journal:
                     f"{short_ref(name)} moved: expected {(expected or 'none')[:12]}, found "
                     f"{(old or 'none')[:12]} (another process updated it); retry")
             logs = [(log, refs.log_line(old, new, reason)) for log in refs.logs_for(name)]
-            file, chunks, nbytes = self.objects.sealed() or (None, [], 0)
+            sealed = self.objects.take_sealed()
+            file, chunks, nbytes = sealed[:3] if sealed else (None, [], 0)
             # a big pack (a first commit) is written once, to its own file, fsynced in the
             # same round as the record, instead of into the journal and then again
             pack_fd = self.objects.place_pack(file, chunks, keep_open=True) \
                 if file and nbytes >= EXTERNAL_MIN else None
             external = pack_fd is not None
-            # the files the commit renames into place are written before its commit point
-            staged: list[str | Path | None] = [None, None]
             try:
                 record = encode(name, old, new, logs, file, [] if external else chunks,
                                 external)
                 end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
-                if file and not external:
-                    staged[0] = self.objects.stage_pack(chunks)[0]
-                staged[1] = refs.prepare_file(refs._path(name), new + "\n")[0]
                 before_append()
                 self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
                              if external else [])
             except BaseException:
                 if external:
                     discard(Path(self.objects._pack_dir) / file)
-                _discard_all(staged)
+                self.objects.forget_landing()
                 raise
-            finally:
-                if pack_fd is not None:
-                    os.close(pack_fd)
-            try:
-                self._apply(Record(size, end, name, old, new, logs, file, chunks, external),
-                            recovering=False, staged=staged)
-            except BaseException:
-                _discard_all(staged)
-                if refs.read_raw(name) != new:  # not applied: as if never committed
-                    self._take_back(fd, size)
-                raise
-            os.pwrite(fd, self._header(end), 0)
-            if end > JOURNAL_MAX:
-                self._checkpoint(fd, parse(_read_all(fd, end))[0])
+            done = Record(size, end, name, old, new, logs, file, chunks, external)
+            if nested:
+                self._finish(handle, done, sealed)
+            else:  # the rest off the caller's path; the journal is handed over with it
+                handle.owner = BACKGROUND
+                handle.job = functools.partial(self._finish, handle, done, sealed,
+                                               release=True)
+                handle.pending = thread_pool("vrl-journal", 1).submit(handle.job)
+                handed = True
+        finally:
+            if pack_fd is not None:
+                os.close(pack_fd)
+            if not nested and not handed:
+                self._release(handle)
         return old
+
+    def _finish(self, handle: _Handle, record: Record, sealed: tuple | None,
+                release: bool = False) -> None:
+        """Materialise a durable record (then mark it so in the header). A failure leaves
+        it to the next holder of the journal, which re-applies it as after a crash: the
+        commit was reported, and stands."""
+        if release:
+            handle.owner = threading.get_ident()  # (its own reads must not wait for it)
+        try:
+            self._apply(record, recovering=False, sealed=sealed)
+            os.pwrite(handle.fd, self._header(record.end), 0)
+            if record.end > JOURNAL_MAX:
+                self._checkpoint(handle.fd, parse(_read_all(handle.fd, record.end))[0])
+        except BaseException:  # noqa: BLE001 - re-applied (and reported) by the next holder
+            handle.failed = True
+        finally:
+            if release:
+                handle.job = None  # (it holds this journal: its repository may go now)
+                self._release(handle)
 
     def _append(self, fd: int, record: list, size: int, also: list | None = None) -> None:
         """The commit point: the record written and fdatasynced (with `also`, fds or
@@ -420,15 +547,15 @@ class Journal:
             os.fdatasync(fd)
 
     # ------------------------------------------------------------------ applying
-    def _apply(self, record: Record, recovering: bool,
-               staged: list[str | Path | None] | None = None) -> None:
+    def _apply(self, record: Record, recovering: bool, sealed: tuple | None = None
+               ) -> None:
         """Materialise a record: its pack, reflog lines and ref, without fsync. Recovering,
-        only what is missing (see the module's docstring)."""
+        only what is missing (see the module's docstring); else `sealed` is the object
+        store's pack the record holds (`take_sealed`)."""
         refs = self.refs
         if record.pack:
-            if not recovering:
-                self.objects.land_sealed(placed=record.external,
-                                         tmp=staged and staged[0])  # type: ignore[arg-type]
+            if not recovering and sealed is not None:
+                self.objects.land_sealed(sealed, placed=record.external)
             elif not record.external and \
                     not self.objects.pack_bytes_equal(record.pack, record.body):
                 self.objects.place_pack(record.pack, [record.body])
@@ -447,8 +574,7 @@ class Journal:
                 appended.append(refs._append_log(log, record.old, record.new, "", line=line,
                                                  sync=False))
             if not recovering or refs.read_raw(record.ref) != record.new:
-                refs._write_file(refs._path(record.ref), record.new + "\n", sync=False,
-                                 tmp=staged and staged[1])  # type: ignore[arg-type]
+                refs._write_file(refs._path(record.ref), record.new + "\n", sync=False)
         except StorageError:
             for entry in reversed(appended):
                 refs._undo_log(*entry)
@@ -463,6 +589,17 @@ class Journal:
             size = os.fstat(fd).st_size
             if size > HEADER.size:
                 self._checkpoint(fd, parse(_read_all(fd, size))[0])
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the journal, checkpointed, for a ref change made outside it (`RefStore.
+        guard`): a replay must never undo that change, and no journaled commit (which
+        takes no ref lock file) may run during it."""
+        with self.held() as fd:
+            size = os.fstat(fd).st_size
+            if size > HEADER.size:
+                self._checkpoint(fd, parse(_read_all(fd, size))[0])
+            yield
 
     def _checkpoint(self, fd: int, records: list[Record]) -> None:
         files: set[str] = set()
@@ -539,12 +676,6 @@ def create_journal(vrl_dir: Path) -> None:
             os.link(tmp, path)
     finally:
         discard(Path(tmp))
-
-
-def _discard_all(paths: list[str | Path | None]) -> None:
-    for path in paths:
-        if path is not None:
-            discard(Path(path))
 
 
 def _read_all(fd: int, size: int) -> bytes:

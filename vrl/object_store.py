@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -257,6 +257,12 @@ class FileObjectStore(ObjectStore):
             = None
         # a sealed batch's pack (name, chunks, entries), waiting for the commit journal
         self._sealed: tuple[str, list[bytes | memoryview], pack.Entries] | None = None
+        # the objects of a pack the journal holds durably but has not placed yet (it does
+        # so in the background): read from memory meanwhile
+        self._landing: dict[ObjectId, bytes] = {}
+        self._pack_sizes: dict[str, int] = {}  # pack file name -> size (for consolidate)
+        # waits for that placing (installed by the repository: the journal's `wait`)
+        self.barrier: Callable[[], None] | None = None
 
     def path(self, oid: ObjectId) -> Path:
         """Where the object's loose file is (or would be); packed objects have none."""
@@ -287,13 +293,13 @@ class FileObjectStore(ObjectStore):
             mtime = None
         if not force and mtime == self._pack_dir_mtime:
             return
-        try:
-            # (pack.pack_name's test, inlined: after every commit of this process's own)
-            names = {n for n in os.listdir(self._pack_dir)
-                     if n.endswith(".pack") and n.startswith("pack-") and len(n) > 10}
-        except FileNotFoundError:
-            names = set()
-        with self._lock:
+        with self._lock:  # (listed under it: a pack this process places is indexed too)
+            try:
+                # (pack.pack_name's test, inlined: after every commit of this process's own)
+                names = {n for n in os.listdir(self._pack_dir)
+                         if n.endswith(".pack") and n.startswith("pack-") and len(n) > 10}
+            except FileNotFoundError:
+                names = set()
             self._pack_dir_mtime = mtime
             known = set(self._packs) | set(self._bad_packs)
             if names == known:
@@ -325,6 +331,10 @@ class FileObjectStore(ObjectStore):
         """(pack path, offset, length) of a packed object, or None."""
         where = self._packed.get(oid)
         if where is None:
+            if self.barrier is not None and (force or oid in self._landing):
+                # its pack may be being placed (by this process's background work, or a
+                # commit of another one reported already): wait for it
+                self.barrier()
             self._refresh(force)
             where = self._packed.get(oid)
             if where is None:
@@ -333,7 +343,7 @@ class FileObjectStore(ObjectStore):
 
     def _read_packed(self, oid: ObjectId, length: int | None = None) -> bytes:
         """The raw bytes (or the first `length`) of a staged or packed object."""
-        staged = self._staged.get(oid)
+        staged = self._staged.get(oid) or self._landing.get(oid)
         if staged is not None:
             return staged if length is None else staged[:length]
         for attempt in range(2):
@@ -376,7 +386,9 @@ class FileObjectStore(ObjectStore):
 
     # ------------------------------------------------------------------ reading
     def has(self, oid: ObjectId) -> bool:
-        if oid in self._staged or oid in self._packed:  # a dict lookup before any stat
+        # dict lookups before any stat (a landing pack's objects before the pack tables,
+        # where they are registered before they leave `_landing`)
+        if oid in self._staged or oid in self._landing or oid in self._packed:
             return True
         path = self.fspath(oid)
         return path in self._inflight or os.path.isfile(path) or \
@@ -385,7 +397,7 @@ class FileObjectStore(ObjectStore):
     def staged_payload(self, oid: ObjectId) -> memoryview | None:
         """The payload of an object staged for the open batch's pack (a view of the
         immutable bytes the pack gets), or None."""
-        raw = self._staged.get(oid)
+        raw = self._staged.get(oid) or self._landing.get(oid)
         return None if raw is None else memoryview(raw)[HEADER_SIZE:]
 
     def _loose(self, oid: ObjectId) -> str:
@@ -399,7 +411,7 @@ class FileObjectStore(ObjectStore):
         """A known packed (or staged) object's bytes, looked up before its loose path
         (small objects are packed; the failed open of a loose path costs as much); None if
         it is not known packed, or its pack went meanwhile (repacked: it may be loose)."""
-        if oid not in self._packed and oid not in self._staged:
+        if oid not in self._staged and oid not in self._landing and oid not in self._packed:
             return None
         try:
             return self._read_packed(oid, length)
@@ -441,7 +453,7 @@ class FileObjectStore(ObjectStore):
     def map_payload(self, oid: ObjectId, kind: str | None = None) -> memoryview:
         """The payload memory-mapped copy-on-write (private: writes never reach the store);
         with `kind`, an object of another kind is refused (a forged manifest may name it)."""
-        staged = self._staged.get(oid)
+        staged = self._staged.get(oid) or self._landing.get(oid)
         if staged is not None:  # not on disk yet: a private copy
             _check_kind(oid, parse_header(bytes(staged[:HEADER_SIZE]))[0], kind)
             return memoryview(bytearray(staged[HEADER_SIZE:]))
@@ -534,6 +546,7 @@ class FileObjectStore(ObjectStore):
                         if is_object_id(oid):
                             found.add(ObjectId(oid))
         self._refresh()
+        found.update(self._landing)
         found.update(self._packed)
         yield from sorted(found)
 
@@ -547,6 +560,7 @@ class FileObjectStore(ObjectStore):
         out.update(ObjectId(prefix[:2] + n) for n in names
                    if n.startswith(prefix[2:]) and is_object_id(prefix[:2] + n))
         self._refresh()
+        out.update(o for o in self._landing if o.startswith(prefix))
         out.update(o for o in self._packed if o.startswith(prefix))
         return sorted(out)
 
@@ -599,9 +613,9 @@ class FileObjectStore(ObjectStore):
         size = memoryview(payload).nbytes
         final = self.fspath(oid)  # (checks the id)
         if self._batching and size < PACK_MAX:  # bound for the batch's pack
-            if oid in self._staged or self._reuse_packed(oid):
+            if oid in self._staged or oid in self._landing or self._reuse_packed(oid):
                 return False
-        elif oid in self._staged or final in self._inflight or \
+        elif oid in self._staged or oid in self._landing or final in self._inflight or \
                 self._touch(oid, refresh=False):
             return False
         if self._batching and size < PACK_MAX:
@@ -744,22 +758,28 @@ class FileObjectStore(ObjectStore):
                 self._batching = True
             self._register_pack(*written)
 
-    def sealed(self) -> tuple[str, list[bytes | memoryview], int] | None:
-        """The sealed batch's pack: (file name, chunks, size), or None if it staged nothing."""
+    def take_sealed(self) -> tuple[str, list[bytes | memoryview], int, pack.Entries] | None:
+        """Hand the sealed batch's pack to the commit journal: (file name, chunks, size,
+        index), or None if it staged nothing. Its objects stay readable from memory until
+        `land_sealed` (or `forget_landing`, if the journal never holds it)."""
         if self._sealed is None:
             return None
-        name, chunks, _ = self._sealed
-        return f"pack-{name}.pack", chunks, sum(memoryview(c).nbytes for c in chunks)
+        name, chunks, entries = self._sealed
+        self._sealed = None
+        self._landing, self._staged = self._staged, {}
+        return (f"pack-{name}.pack", chunks, sum(memoryview(c).nbytes for c in chunks),
+                entries)
 
-    def land_sealed(self, placed: bool = False, tmp: str | None = None) -> None:
-        """Put the sealed pack into objects/pack/ WITHOUT fsync (the commit journal holds
-        it durably) and index it; its objects are read from there from now on. `placed`:
-        it is there already; `tmp`: `stage_pack` wrote it, it is only renamed."""
-        if self._sealed is not None:
-            name, chunks, entries = self._sealed
-            file = f"pack-{name}.pack"
-            if tmp is not None:
-                try:
+    def land_sealed(self, sealed: tuple, placed: bool = False) -> None:
+        """Put a pack from `take_sealed` into objects/pack/ WITHOUT fsync (the commit
+        journal holds it durably) and index it; `placed`: it is there already. May run on
+        another thread than the one committing (then its objects are read from memory
+        until it is indexed)."""
+        file, chunks, _, entries = sealed
+        if not placed:
+            tmp, _ = self.stage_pack(chunks)
+            try:
+                with self._lock:
                     before = os.stat(self._pack_dir).st_mtime_ns
                     self._publish(tmp, file)
                     if before == self._pack_dir_mtime:
@@ -767,14 +787,16 @@ class FileObjectStore(ObjectStore):
                         # clock's tick, the precision `_refresh` already accepts): the
                         # next commit need not list it again for a pack it knows
                         self._pack_dir_mtime = os.stat(self._pack_dir).st_mtime_ns
-                except OSError as exc:
-                    discard(Path(tmp))
-                    raise storage_error(exc, self.root.parent, f"writing pack {name[:10]}"
-                                        ) from exc
-            elif not placed:
-                self.place_pack(file, chunks)
-            self._register_pack(file, entries)
-        self.drop_sealed()
+            except OSError as exc:
+                discard(Path(tmp))
+                raise storage_error(exc, self.root.parent, f"writing pack {file[5:15]}"
+                                    ) from exc
+        self._register_pack(file, entries)
+        self._landing = {}  # (after: a reader looks here before the pack tables)
+
+    def forget_landing(self) -> None:
+        """The journal did not take the pack from `take_sealed` (its commit failed)."""
+        self._landing = {}
 
     def _publish(self, tmp: str, file: str) -> None:
         """Rename a staged pack into objects/pack/ (made there if it is missing: a
@@ -912,8 +934,8 @@ class FileObjectStore(ObjectStore):
     def _touch(self, oid: ObjectId, refresh: bool) -> bool:
         """`touch`; without `refresh`, a pack that appeared within the last clock tick
         may be missed (a false False)."""
-        if oid in self._staged:
-            return True
+        if oid in self._staged or oid in self._landing:
+            return True  # (a pack about to be placed is young)
         where = self._packed.get(oid)
         if where is not None:  # packed, as most small objects are: no loose lookup
             if where[0] in self._freshened:
@@ -1106,22 +1128,38 @@ class FileObjectStore(ObjectStore):
         self._refresh(force=False)
         merged = 0
         for _ in range(2):  # one merge per class at most
-            if len(self._packs) < AUTO_MERGE:  # the common case: not even a stat
-                break
-            classes: tuple[list[str], list[str]] = ([], [])
-            for name in sorted(self._packs):
-                try:
-                    size = os.stat(f"{self._pack_dir}/{name}").st_size
-                except FileNotFoundError:
-                    continue
-                if size < MERGED_MAX:
-                    classes[size >= FRESH_MAX].append(name)
-            due = next((names for names in classes if len(names) >= AUTO_MERGE), None)
+            due = self._due()
             if due is None:
                 break
             self._merge(due, [])  # (a merged pack may complete the next class: again)
             merged += len(due)
         return merged
+
+    def merge_due(self) -> bool:
+        """Whether `consolidate` has work once the pack being placed in the background
+        (if any) is in place: the caller then waits for it (cheap: no system call)."""
+        landing = sum(len(raw) for raw in self._landing.values()) if self._landing else None
+        return self._due(landing) is not None
+
+    def _due(self, landing: int | None = None) -> list[str] | None:
+        """The packs of the first size class with AUTO_MERGE of them (counting a pack of
+        `landing` bytes about to be placed), or None."""
+        if len(self._packs) + (landing is not None) < AUTO_MERGE:
+            return None  # the common case: not even a look at sizes
+        classes: tuple[list[str], list[str]] = ([], [])
+        for name in sorted(self._packs):
+            size = self._pack_sizes.get(name)
+            if size is None:  # (a pack file never changes: its size is looked up once)
+                try:
+                    size = self._pack_sizes[name] = \
+                        os.stat(f"{self._pack_dir}/{name}").st_size
+                except FileNotFoundError:
+                    continue
+            if size < MERGED_MAX:
+                classes[size >= FRESH_MAX].append(name)
+        if landing is not None and landing < MERGED_MAX:
+            classes[landing >= FRESH_MAX].append("")
+        return next((names for names in classes if len(names) >= AUTO_MERGE), None)
 
     def _merge(self, packs: list[str], loose: list[ObjectId]) -> tuple[int, int]:
         objects: dict[ObjectId, bytes] = {}

@@ -209,9 +209,13 @@ class RefStore:
         self.root = Path(root)
         self.fsync = fsync
         self.who = who
-        # Called under every ref's lock before a change outside the commit journal (the
-        # repository installs the journal's checkpoint: see vrl/journal.py)
-        self.before_write: Callable[[], None] | None = None
+        # Entered under every ref's lock for a change outside the commit journal, and held
+        # throughout it (the repository installs the journal's `exclusive`: checkpointed,
+        # and excluding journaled commits, which take no ref lock: see vrl/journal.py)
+        self.guard: Callable[[], contextlib.AbstractContextManager] | None = None
+        # Called before reading refs or reflogs: this process's last journaled commit may
+        # still be materialising them in the background (the journal's `wait`)
+        self.barrier: Callable[[], None] | None = None
         self._local = threading.local()  # per thread: fds whose fsync the ref write does
         self._paths: dict[str, Path] = {}  # names already validated
         self._fspaths: dict[str, str] = {}
@@ -236,6 +240,8 @@ class RefStore:
 
     def read_raw(self, name: str) -> str | None:
         """The ref's content: an object id, `ref: refs/...` for a symbolic ref, or None."""
+        if self.barrier is not None:
+            self.barrier()
         try:
             # os-level reads: a ref is read several times per commit, and a Python file
             # object costs five more system calls than open, read, close
@@ -284,6 +290,8 @@ class RefStore:
         return raw[5:] if raw and raw.startswith("ref: ") else None
 
     def _ref_files(self, prefix: str) -> Iterator[str]:
+        if self.barrier is not None:
+            self.barrier()
         base = self.root / prefix
         if not base.is_dir():
             return
@@ -316,21 +324,14 @@ class RefStore:
 
     # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def lock(self, name: str, timeout: float | None = None, journaled: bool = False
-             ) -> Iterator[None]:
-        """Hold the ref's lock file. Unless the change is `journaled`, the commit journal
-        is checkpointed first (`before_write`): a replay of it after a power cut must never
-        undo a change made outside it."""
-        path = self._path(name)
-        lock = f"{path}.lock"  # a str: this runs on every commit, Path objects cost
+    def lock(self, name: str, timeout: float | None = None) -> Iterator[None]:
+        """Hold the ref's lock file, and (`guard`) the commit journal, checkpointed: a
+        replay of it after a power cut must never undo a change made outside it, and a
+        journaled commit, which takes no ref lock file, must wait for the change."""
+        lock = f"{self._path(name)}.lock"  # a str: this runs on every commit
         deadline = time.monotonic() + (LOCK_TIMEOUT if timeout is None else timeout)
         delay = 0.001
-        if not os.path.isfile(path):  # an existing ref has its folders and no clash
-            self._check_clash(name)
-            try:
-                make_dirs(path.parent, self.fsync)
-            except OSError as exc:
-                raise storage_error(exc, self.root, f"locking {name}") from exc
+        self.check_new(name, "locking")
         while True:
             try:
                 fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -353,12 +354,22 @@ class RefStore:
                 raise storage_error(exc, self.root, f"locking {name}") from exc
             finally:
                 os.close(fd)
-            if not journaled and self.before_write is not None:
-                self.before_write()
-            yield
+            with contextlib.nullcontext() if self.guard is None else self.guard():
+                yield
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock)
+
+    def check_new(self, name: str, doing: str = "writing") -> None:
+        """Before a ref is written: a new one must not clash with a folder of refs (nor
+        be one), and gets its folders (made durable)."""
+        path = self._path(name)
+        if not os.path.isfile(path):  # an existing ref has its folders and no clash
+            self._check_clash(name)
+            try:
+                make_dirs(path.parent, self.fsync)
+            except OSError as exc:
+                raise storage_error(exc, self.root, f"{doing} {name}") from exc
 
     def _check_clash(self, name: str) -> None:
         """Refuse at once a ref that would be both a file and a folder of refs (`x` and
@@ -646,6 +657,8 @@ class RefStore:
 
     def read_log(self, name: str = "HEAD") -> ReflogRead:
         """Every entry of a reflog (newest first), with every damaged line reported."""
+        if self.barrier is not None:
+            self.barrier()
         try:
             data = self._log_path(name).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):

@@ -164,7 +164,8 @@ class Repo(Maintenance, WorkspaceMixin):
             journal = self.config.getbool("core", "journal")
         self._journaled = bool(self.journal and fsync and journal)
         if self.journal is not None:
-            self.refs.before_write = self.journal.checkpoint
+            self.refs.guard = self.journal.exclusive
+            self.refs.barrier = self.objects.barrier = self.journal.wait
             self.journal.recover()
         self._commits: dict[ObjectId, Commit] = _Bounded(METADATA_CACHED)
         self._manifests: dict[ObjectId, Manifest] = _Bounded(METADATA_CACHED)
@@ -399,6 +400,14 @@ class Repo(Maintenance, WorkspaceMixin):
             raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
                               "(pruned, cloned with --metadata-only, or lost: `vrl fsck` "
                               "checks); fetch it from a remote that has it")
+
+    def sync(self) -> None:
+        """Wait until this process's commits are in their files. A journaled commit is
+        durable when `commit` returns; its ref, reflog lines and pack are written just
+        after, in the background (every read through vrl, in any process, waits for
+        them). Only code that reads `.vrl/`'s files itself needs this."""
+        if self.journal is not None:
+            self.journal.wait()
 
     # ------------------------------------------------------------------ revisions
     def head(self) -> ObjectId | None:
@@ -755,7 +764,9 @@ class Repo(Maintenance, WorkspaceMixin):
                 _backoff(attempt)
                 continue
             try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
-                self.objects.consolidate()
+                if self.objects.merge_due():
+                    self.sync()  # this commit's pack in place first (see Journal.commit)
+                    self.objects.consolidate()
             except VrlError:
                 pass  # the commit is done; the next one tries again
             return cid

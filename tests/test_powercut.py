@@ -447,6 +447,7 @@ def run_transfers(tmp_path: Path, monkeypatch, ignore: frozenset[str] = frozense
     repo = Repo.init(work / "a")
     states = {seed: make_state(seed) for seed in (0, 1, 2)}
     first = repo.commit(states[0], message="c0", env=False)
+    repo.sync()  # (everything on disk now counts as durable: its files written first)
     lazy = LazyFS(work, ignore)
     cuts: list[TransferCut] = []
     pushed: list[tuple[str, str, dict[str, torch.Tensor]]] = []

@@ -191,6 +191,20 @@ def test_prune_across_branches(tmp_path):
     assert Repo(path).fsck()["ok"]
 
 
+def test_gc_drops_the_commits_it_collects_from_the_pruned_list(tmp_path):
+    """Found by the state machine: a pruned commit that gc collected (no ref or reflog
+    reaches it any more) stayed listed as pruned, though nothing of it is left."""
+    path = tmp_path / "repo"
+    repo, ids = history(path, 3)
+    assert repo.prune(keep_last=1) == [ids[1], ids[0]]
+    repo.reset(ids[0])  # ids[0] is un-pruned (a branch points at it again); ids[1] not
+    assert repo.pruned() == {ids[1]}
+    repo.gc(grace=0, expire_reflog=True)  # ids[1] and ids[2] are unreachable now: gone
+    assert set(Repo(path).iter_commits()) == {ids[0]}
+    assert Repo(path).pruned() == set()
+    assert Repo(path).fsck()["ok"]
+
+
 def test_fsck_reports_a_ref_to_a_freed_snapshot(tmp_path):
     path = tmp_path / "repo"
     repo, ids = history(path, 3)

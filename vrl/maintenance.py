@@ -290,6 +290,12 @@ class Maintenance:
             for tmp, mtime in self.objects.temp_files():
                 if mtime < cutoff:
                     discard(tmp)
+            if count:  # commits collected are no longer "pruned" (nothing to restore)
+                with self.refs.lock("refs/pruned"):
+                    pruned = self.pruned()
+                    gone = {o for o in pruned if not self.objects.has(o)}
+                    if gone:
+                        self._write_pruned(pruned - gone)
         return count, freed
 
     def gc_pending(self: Repo, grace: float | None = None) -> tuple[int, float | None]:

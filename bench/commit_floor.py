@@ -194,6 +194,9 @@ def main() -> None:
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
+                for repo in (incr_repo, holder.get("repo")):  # a commit's background
+                    if repo is not None:  # write-out is not timed with the next contender
+                        repo.sync()
         base = statistics.median(times["save_file + fsync (file, dir)"])
         base_pt = statistics.median(times["torch.save + fsync (file, dir)"])
         print(f"load average: {os.getloadavg()[0]:.2f}; policy {nbytes / 1e6:.2f} MB; "

@@ -284,3 +284,50 @@ def test_threshold_follows_config_changes(repo):
         _ = repo.threshold
     repo.config.set("diff", "threshold", "0.5")
     assert repo.threshold == 0.5
+
+
+# ---------------------------------------------------------------- tensor_change's work array
+
+
+def _tensor_change_reference(old, new):
+    """tensor_change as first written (a fresh temporary per step): the kept work array
+    must give bit-identical statistics."""
+    import numpy as np
+
+    from vrl.diff import CHUNK, _elements
+
+    a_all, convert = _elements(old)
+    b_all, _ = _elements(new)
+    d2 = o2 = mx = 0.0
+    for i in range(0, a_all.size, CHUNK):
+        a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
+        d = b - a
+        d2 += float(np.einsum("i,i->", d, d))
+        o2 += float(np.einsum("i,i->", a, a))
+        m = float(np.abs(d).max())
+        if m > mx or m != m:
+            mx = m
+    return d2, o2, mx
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16, torch.int32, torch.complex64])
+def test_tensor_change_with_a_kept_work_array_is_bit_identical(dtype):
+    import numpy as np
+
+    from vrl.diff import CHUNK, tensor_change
+
+    torch.manual_seed(0)
+    # big, small, big again (the work array is reused, grown, sliced), odd sizes
+    for n in (CHUNK + 12345, 7, 3 * CHUNK, 1, 1000, 0):
+        old = (torch.randn(n) * 100).to(dtype)
+        new = old.clone()
+        if n:
+            new.view(-1)[:: max(1, n // 50)] += 1
+        if n > 10 and dtype.is_floating_point:
+            new[3] = float("nan") if n % 2 else float("inf")
+        got, want = tensor_change(old, new), _tensor_change_reference(old, new)
+        assert np.array_equal(np.array(got), np.array(want), equal_nan=True), (n, got, want)
+    # and for arrays (float32 work array, then float64)
+    a = np.linspace(0, 1, 5000, dtype=np.float32)
+    assert tensor_change(a, a[::-1].copy()) == _tensor_change_reference(a, a[::-1].copy())

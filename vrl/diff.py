@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -382,15 +383,35 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
     d2 = o2 = mx = 0.0
     for i in range(0, a_all.size, CHUNK):
         a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
-        d = b - a
+        if a.dtype == b.dtype and a.dtype.kind == "f":
+            d = np.subtract(b, a, out=_scratch(a.dtype, a.size))
+        else:
+            d = b - a
         # einsum, not dot: BLAS's threaded dot stalls for milliseconds per call on a busy
         # machine; einsum's own vectorised loop is steady and needs no threads
         d2 += float(np.einsum("i,i->", d, d))
         o2 += float(np.einsum("i,i->", a, a))
-        m = float(np.abs(d).max())
+        m = float(np.abs(d, out=d).max())  # (in place: d is not read again)
         if m > mx or m != m:
             mx = m
     return d2, o2, mx
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(dtype: Any, size: int) -> Any:
+    """A work array of `size` elements, this thread's own and kept (at most CHUNK
+    elements a dtype): a fresh temporary costs a page fault per 4 KiB page - the
+    allocator hands freed memory back to the system - and for a small tensor those
+    faults cost several times the arithmetic."""
+    import numpy as np
+
+    arrays = _SCRATCH.__dict__.setdefault("arrays", {})
+    buf = arrays.get(dtype)
+    if buf is None or buf.size < size:
+        buf = arrays[dtype] = np.empty(size, dtype)
+    return buf[:size]
 
 
 def _norm_sq(value: Any) -> float:

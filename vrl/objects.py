@@ -530,7 +530,13 @@ def _stats_json(stats: Any) -> str | None:
         if type(v) is not dict:
             return None
         keys = v.keys()
-        if keys != _LAYER_KEYS and keys != _LAYER_KEYS_KIND and keys != _LAYER_KEYS_PARAMETER:
+        if keys == _LAYER_KEYS:
+            kind = parameter = ""
+        elif keys == _LAYER_KEYS_KIND:
+            kind, parameter = _scalar_json(v["kind"]), ""
+        elif keys == _LAYER_KEYS_PARAMETER:
+            kind, parameter = _scalar_json(v["kind"]), _scalar_json(v["parameter"])
+        else:
             return None
         shapes = v["shapes"]
         if type(shapes) is not list:
@@ -542,19 +548,25 @@ def _stats_json(stats: Any) -> str | None:
             for dim in shape:
                 if type(dim) is not int:
                     return None
-            dims.append("[" + ",".join([int.__repr__(dim) for dim in shape]) + "]")
-        fields = [_scalar_json(v["material"]), _scalar_json(v["max_abs"]),
-                  _scalar_json(v["nbytes"]), _scalar_json(v["rel"]),
-                  _scalar_json(v["status"])]
-        kind = _scalar_json(v["kind"]) if "kind" in v else ""
-        parameter = _scalar_json(v["parameter"]) if "parameter" in v else ""
-        if None in fields or kind is None or parameter is None:
+            dims.append(",".join(map(int.__repr__, shape)))
+        # the common types inline (a call each costs more than the rest of the text)
+        material, max_abs, nbytes, rel, status = \
+            v["material"], v["max_abs"], v["nbytes"], v["rel"], v["status"]
+        material = "true" if material is True else "false" if material is False else \
+            _scalar_json(material)
+        max_abs = float.__repr__(max_abs) if type(max_abs) is float and \
+            max_abs - max_abs == 0.0 else _scalar_json(max_abs)
+        nbytes = int.__repr__(nbytes) if type(nbytes) is int else _scalar_json(nbytes)
+        rel = float.__repr__(rel) if type(rel) is float and rel - rel == 0.0 else \
+            _scalar_json(rel)
+        status = _json_str(status) if type(status) is str else _scalar_json(status)
+        if None in (material, max_abs, nbytes, rel, status, kind, parameter):
             return None
-        material, max_abs, nbytes, rel, status = fields
         kind = f'"kind":{kind},' if kind else ""
         parameter = f'"parameter":{parameter},' if parameter else ""
         parts.append(f'{_json_str(name)}:{{{kind}"material":{material},"max_abs":{max_abs},'
-                     f'"nbytes":{nbytes},{parameter}"rel":{rel},"shapes":[{",".join(dims)}],'
+                     f'"nbytes":{nbytes},{parameter}"rel":{rel},'
+                     f'"shapes":[{"[" + "],[".join(dims) + "]" if dims else ""}],'
                      f'"status":{status}}}')
     return (f'{{"bytes_new":{head[0]},"bytes_total":{head[1]},"layers":{{{",".join(parts)}}},'
             f'"parent":{tail[0]},"summary":{tail[1]},"threshold":{tail[2]}}}')

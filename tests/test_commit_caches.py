@@ -319,7 +319,7 @@ def test_tensor_change_with_a_kept_work_array_is_bit_identical(dtype):
 
     torch.manual_seed(0)
     # big, small, big again (the work array is reused, grown, sliced), odd sizes
-    for n in (CHUNK + 12345, 7, 3 * CHUNK, 1, 1000, 0):
+    for n in (CHUNK + 12345, 7, 3 * CHUNK, 1, 1000, 20000, CHUNK, 0):
         old = (torch.randn(n) * 100).to(dtype)
         new = old.clone()
         if n:

@@ -382,8 +382,11 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
     b_all, _ = _elements(new)
     d2 = o2 = mx = 0.0
     for i in range(0, a_all.size, CHUNK):
-        a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
-        if a.dtype == b.dtype and a.dtype.kind == "f":
+        if a_all.size <= CHUNK:  # one step (most tensors): the arrays as they are
+            a, b = convert(a_all), convert(b_all)
+        else:
+            a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
+        if a.nbytes >= SCRATCH_MIN and a.dtype == b.dtype and a.dtype.kind == "f":
             d = np.subtract(b, a, out=_scratch(a.dtype, a.size))
         else:
             d = b - a
@@ -398,6 +401,7 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
 
 
 _SCRATCH = threading.local()
+SCRATCH_MIN = 1 << 14  # bytes: smaller temporaries come from memory the allocator keeps
 
 
 def _scratch(dtype: Any, size: int) -> Any:

@@ -331,3 +331,33 @@ def test_tensor_change_with_a_kept_work_array_is_bit_identical(dtype):
     # and for arrays (float32 work array, then float64)
     a = np.linspace(0, 1, 5000, dtype=np.float32)
     assert tensor_change(a, a[::-1].copy()) == _tensor_change_reference(a, a[::-1].copy())
+
+
+# ---------------------------------------------------------------- golden commits
+
+GOLDEN_COMMITS = ["f1d2b51bc2fbb7683d8f499fd1611fad670674222e11b35fdc5b715bc32a6495",
+                  "c3b1139ea76dc0ddffd8dacf7ee5a9839c94fa9e242e187f8fd60a3aeae889a1",
+                  "724e4889ab9fafb58fa3649b954c6b0fd9db4d96ad699a698ac70f0fe2073c26",
+                  "5e3bdc74acf589a6e8d2e5615dc2fd7d4e7819cb6a53ba288412d8b738614fea"]
+
+
+def test_commit_ids_of_a_training_sequence_are_pinned(repo):
+    """Manifests, layer statistics (changed, unchanged, reshaped, NaN, counters, a removed
+    tensor, an int threshold) and commits as the store wrote them before these shortcuts
+    (ids taken from that code). Values whose sums are exact in float32, so the statistics
+    do not depend on the CPU's vector width."""
+    t = "2026-01-01T00:00:00.000000Z"
+    state = {"model/l1.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+             "model/l1.bias": torch.ones(2), "model/l2.weight": torch.full((4,), 2.0),
+             "algo/optimizer/state/0/step": torch.tensor(3.0),
+             "algo/optimizer/state/0/exp_avg": torch.zeros(2, 3)}
+    ids = [repo.commit(state, env=False, author="a", time=t, message="0")]
+    state["model/l1.weight"] += 1
+    state["algo/optimizer/state/0/step"] += 1
+    ids.append(repo.commit(state, env=False, author="a", time=t, message="1"))
+    state["model/l2.weight"] = torch.full((2, 2), 2.0)
+    state["algo/optimizer/state/0/exp_avg"] = torch.full((2, 3), float("nan"))
+    ids.append(repo.commit(state, env=False, author="a", time=t, message="2", threshold=1))
+    del state["model/l1.bias"]
+    ids.append(repo.commit(state, env=False, author="a", time=t, message="3"))
+    assert ids == GOLDEN_COMMITS

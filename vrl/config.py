@@ -23,6 +23,10 @@ class Config:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.parser = configparser.ConfigParser(interpolation=None)
+        # parsed numbers by (section, key): every commit reads its threshold, and
+        # configparser's lookup costs more than the rest of the commit's metadata; cleared
+        # by every change made through this object (the file is read once, at creation)
+        self._floats: dict[tuple[str, str], float] = {}
         self.parser.read_dict(DEFAULTS)
         if self.path.exists():
             try:
@@ -41,12 +45,16 @@ class Config:
             raise VrlError(f"{self.path}: [{section}] {key} must be true or false") from exc
 
     def getfloat(self, section: str, key: str) -> float:
-        try:
-            return self.parser.getfloat(section, key)
-        except ValueError as exc:
-            raise VrlError(f"{self.path}: [{section}] {key} must be a number") from exc
+        value = self._floats.get((section, key))
+        if value is None:
+            try:
+                value = self._floats[section, key] = self.parser.getfloat(section, key)
+            except ValueError as exc:
+                raise VrlError(f"{self.path}: [{section}] {key} must be a number") from exc
+        return value
 
     def set(self, section: str, key: str, value: str) -> None:
+        self._floats.clear()
         if not self.parser.has_section(section):
             self.parser.add_section(section)
         self.parser.set(section, key, value)
@@ -55,6 +63,7 @@ class Config:
         return [s for s in self.parser.sections() if s.startswith(prefix)]
 
     def remove_section(self, section: str) -> None:
+        self._floats.clear()
         self.parser.remove_section(section)
 
     def save(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,8 +161,15 @@ class DiffResult:
     extra: dict[str, Any] = field(default_factory=dict)
     declared_layout: StateLayout | None = None  # from the commit's metadata, if any
     only: tuple[str, ...] = ()  # the prefixes `with_only` kept (for the summary)
+    # compare()'s layout of these layers (their order, layout, kinds), made once per set
+    # of tensor names; a result made any other way derives them
+    _plan: _Plan | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        plan = self._plan
+        if plan is not None and [lc.layer for lc in self.layers] == plan.order:
+            return  # (made in this order)
+        self._plan = None
         self.layers = sorted(self.layers, key=lambda lc: natural_key(lc.layer))
 
     @property
@@ -204,15 +212,18 @@ class DiffResult:
         return "; ".join([*parts, new])
 
     def to_json(self) -> dict[str, Any]:
-        layout = self.layout  # derived once (every commit records these statistics)
+        plan = self._plan if self.declared_layout is None else None
+        layout = self.layout if plan is None else plan.layout  # once (every commit)
         out = {"threshold": self.threshold, "bytes_new": self.bytes_new,
                "bytes_total": self.bytes_total, "summary": self._summary(layout),
                "layers": {lc.layer: lc.to_json() for lc in self.layers}}
         if layout.model_prefix is not None:  # a training snapshot: say what each entry is
+            kinds = plan.kinds if plan is not None else _kinds(layout, out["layers"])
             for name, entry in out["layers"].items():
-                entry["kind"] = layout.kind(name)
-                if entry["kind"] == "optimizer" and layout.parameter(name):
-                    entry["parameter"] = layout.parameter(name)
+                kind, parameter = kinds[name]
+                entry["kind"] = kind
+                if parameter:
+                    entry["parameter"] = parameter
         return out
 
     def _replace(self, layers: list[LayerChange], **changes: Any) -> DiffResult:
@@ -246,6 +257,15 @@ class DiffResult:
                               _float(v["rel"]), _float(v["max_abs"]) or 0.0, v["material"],
                               v["nbytes"]) for name, v in data["layers"].items()]
         return cls(layers, data["bytes_new"], data["bytes_total"], data["threshold"])
+
+
+def _kinds(layout: StateLayout, layers: Any) -> dict[str, tuple[str, str | None]]:
+    """{layer: (kind, the parameter an optimizer-state layer belongs to, or None)}."""
+    out = {}
+    for name in layers:
+        kind = layout.kind(name)
+        out[name] = (kind, layout.parameter(name) if kind == "optimizer" else None)
+    return out
 
 
 def _float(value: Any) -> float | None:
@@ -362,16 +382,40 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
     b_all, _ = _elements(new)
     d2 = o2 = mx = 0.0
     for i in range(0, a_all.size, CHUNK):
-        a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
-        d = b - a
+        if a_all.size <= CHUNK:  # one step (most tensors): the arrays as they are
+            a, b = convert(a_all), convert(b_all)
+        else:
+            a, b = convert(a_all[i:i + CHUNK]), convert(b_all[i:i + CHUNK])
+        if a.nbytes >= SCRATCH_MIN and a.dtype == b.dtype and a.dtype.kind == "f":
+            d = np.subtract(b, a, out=_scratch(a.dtype, a.size))
+        else:
+            d = b - a
         # einsum, not dot: BLAS's threaded dot stalls for milliseconds per call on a busy
         # machine; einsum's own vectorised loop is steady and needs no threads
         d2 += float(np.einsum("i,i->", d, d))
         o2 += float(np.einsum("i,i->", a, a))
-        m = float(np.abs(d).max())
+        m = float(np.abs(d, out=d).max())  # (in place: d is not read again)
         if m > mx or m != m:
             mx = m
     return d2, o2, mx
+
+
+_SCRATCH = threading.local()
+SCRATCH_MIN = 1 << 14  # bytes: smaller temporaries come from memory the allocator keeps
+
+
+def _scratch(dtype: Any, size: int) -> Any:
+    """A work array of `size` elements, this thread's own and kept (at most CHUNK
+    elements a dtype): a fresh temporary costs a page fault per 4 KiB page - the
+    allocator hands freed memory back to the system - and for a small tensor those
+    faults cost several times the arithmetic."""
+    import numpy as np
+
+    arrays = _SCRATCH.__dict__.setdefault("arrays", {})
+    buf = arrays.get(dtype)
+    if buf is None or buf.size < size:
+        buf = arrays[dtype] = np.empty(size, dtype)
+    return buf[:size]
 
 
 def _norm_sq(value: Any) -> float:
@@ -391,13 +435,135 @@ _NORMS: dict[tuple[str, str], float] = {}
 _NORMS_MAX = 1 << 14
 
 
+class _Plan:
+    """What compare() derives from a snapshot's tensor names alone: the layers (in order
+    of first appearance, each with its tensors' names and whether each is named like a
+    step counter), their order in a result, the layout and each layer's kind. A training
+    run commits the same names again and again: made once per set of names."""
+
+    __slots__ = ("groups", "order", "layout", "kinds")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        groups: dict[str, list[tuple[str, bool]]] = {}
+        for name in names:
+            groups.setdefault(layer_of(name), []).append((name, _counter_name(name)))
+        self.groups = list(groups.items())
+        self.order = sorted(groups, key=natural_key)  # as DiffResult sorts its layers
+        self.layout = StateLayout.derive(self.order)
+        self.kinds = _kinds(self.layout, self.order)
+
+
+_PLANS: dict[tuple[str, ...], _Plan] = {}
+_PLANS_MAX = 64
+
+
+def _plan(names: tuple[str, ...]) -> _Plan:
+    plan = _PLANS.get(names)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[names] = _Plan(names)
+    return plan
+
+
 def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], Any],
             known_objects: Callable[[str], bool] | None = None,
             threshold: float = DEFAULT_THRESHOLD) -> DiffResult:
     """Compare two manifests; `load` materialises a tensor from its entry (memory-mapped)."""
     old_entries = old.tensors if old else {}
+    new_entries = new.tensors
+    names = tuple(new_entries)
+    if old_entries.keys() <= new_entries.keys():
+        # nothing removed (every commit of a training run): layer by layer, from the plan
+        plan = _plan(names)
+        layers = _layers(old_entries, new_entries, plan, load, threshold)
+    else:
+        layers, plan = _compare_general(old_entries, new_entries, load, threshold), None
+    old_ids = {e.id for e in old_entries.values()}
+    new_objects = {e.id: e.nbytes for e in new_entries.values() if e.id not in old_ids}
+    if known_objects is not None:  # "new" = bytes this commit added to the store
+        new_objects = {k: v for k, v in new_objects.items() if not known_objects(k)}
+    return DiffResult(layers, sum(new_objects.values()), new.nbytes, threshold, _plan=plan)
+
+
+def _layers(old_entries: Mapping[str, TensorEntry], new_entries: Mapping[str, TensorEntry],
+            plan: _Plan, load: Callable[[TensorEntry], Any], threshold: float
+            ) -> list[LayerChange]:
+    """compare()'s layers where no tensor was removed: what `_compare_general` computes
+    (the same sums, in the same order), without a TensorChange per tensor."""
+    by_layer = {}
+    for layer, members in plan.groups:
+        for name, _ in members:
+            entry = new_entries[name]
+            prev = old_entries.get(name)
+            if prev is not entry and (prev is None or prev.id != entry.id or
+                                      prev.dtype != entry.dtype or prev.shape != entry.shape):
+                break
+        else:  # every tensor unchanged (most layers of a commit): what the sums below give
+            entries = [new_entries[name] for name, _ in members]
+            by_layer[layer] = LayerChange(layer, "unchanged", [e.shape for e in entries], 0.0,
+                                          0.0, False, sum([e.nbytes for e in entries]))
+            continue
+        # per tensor: [status, shape, nbytes, delta_sq, old_sq, max_abs, comparable, counter]
+        items = []
+        moved = False
+        for name, counter_name in members:
+            entry = new_entries[name]
+            prev = old_entries.get(name)
+            shape = entry.shape
+            if prev is None:
+                items.append(["added", shape, entry.nbytes, 0.0, 0.0, 0.0, True, False])
+            elif prev is entry or (prev.id == entry.id and prev.dtype == entry.dtype and
+                                   prev.shape == shape):
+                items.append(["unchanged", shape, entry.nbytes, 0.0, 0.0, 0.0, True, False])
+            elif prev.dtype != entry.dtype or prev.shape != shape:
+                items.append(["changed", shape, entry.nbytes, 0.0, 0.0, 0.0, False, False])
+            elif counter_name and tuple(shape) == ():
+                items.append(["changed", shape, entry.nbytes, 0.0, 0.0, 0.0, True, True])
+            else:
+                d2, o2, mx = tensor_change(load(prev), load(entry))
+                status = "changed" if d2 > 0 or prev.id != entry.id else "unchanged"
+                items.append([status, shape, entry.nbytes, d2, o2, mx, True, False])
+                moved = moved or status == "changed"
+        status = items[0][0]
+        comparable = True
+        for (name, counter_name), item in zip(members, items, strict=True):
+            if item[0] != status:
+                status = "changed"  # mixed: e.g. a tensor added to a layer
+            if not item[6] or item[0] not in ("changed", "unchanged"):
+                comparable = False
+            # an unchanged tensor in a moved layer still counts in the denominator
+            if moved and item[0] == "unchanged" and not (counter_name and
+                                                         tuple(item[1]) == ()):
+                item[4] = _unchanged_norm(new_entries[name], load)
+        rel = None
+        if comparable:
+            rel = math.sqrt(sum([item[3] for item in items])) / max(
+                math.sqrt(sum([item[4] for item in items])), EPS)
+        max_abs = max([item[5] for item in items])
+        by_layer[layer] = LayerChange(layer, status, [item[1] for item in items], rel,
+                                      max_abs, _is_material(status, rel, threshold),
+                                      sum([item[2] for item in items]))
+    return [by_layer[layer] for layer in plan.order]
+
+
+def _unchanged_norm(entry: TensorEntry, load: Callable[[TensorEntry], Any]) -> float:
+    """||x||^2 of an unchanged tensor in a moved layer (cached by object id and dtype)."""
+    key = (entry.id, entry.dtype)  # the norm depends on the bytes and the dtype
+    norm = _NORMS.get(key)
+    if norm is None:
+        norm = _NORMS[key] = _norm_sq(load(entry))
+        if len(_NORMS) > _NORMS_MAX:
+            del _NORMS[next(iter(_NORMS))]
+    return norm
+
+
+def _compare_general(old_entries: Mapping[str, TensorEntry],
+                     new_entries: Mapping[str, TensorEntry],
+                     load: Callable[[TensorEntry], Any], threshold: float
+                     ) -> list[LayerChange]:
     changes: list[TensorChange] = []
-    for name, entry in new.tensors.items():
+    for name, entry in new_entries.items():
         prev = old_entries.get(name)
         if prev is None:
             changes.append(TensorChange(name, "added", entry.shape, entry.nbytes))
@@ -414,7 +580,7 @@ def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], A
             status = "changed" if d2 > 0 or prev.id != entry.id else "unchanged"
             changes.append(TensorChange(name, status, entry.shape, entry.nbytes, d2, o2, mx))
     for name, prev in old_entries.items():
-        if name not in new.tensors:
+        if name not in new_entries:
             changes.append(TensorChange(name, "removed", prev.shape, 0))
     # The relative change of a layer is over all its tensors: unchanged ones in a changed
     # layer still count in the denominator (e.g. a frozen bias beside a moving weight).
@@ -423,21 +589,8 @@ def compare(old: Manifest | None, new: Manifest, load: Callable[[TensorEntry], A
     for change in changes:
         if (change.status == "unchanged" and layer_of(change.name) in moved
                 and not is_counter(change.name, change.shape)):
-            entry = new.tensors[change.name]
-            key = (entry.id, entry.dtype)  # the norm depends on the bytes and the dtype
-            norm = _NORMS.get(key)
-            if norm is None:
-                norm = _NORMS[key] = _norm_sq(load(entry))
-                if len(_NORMS) > _NORMS_MAX:
-                    del _NORMS[next(iter(_NORMS))]
-            change.old_sq = norm
-
-    old_ids = {e.id for e in old_entries.values()}
-    new_objects = {e.id: e.nbytes for e in new.tensors.values() if e.id not in old_ids}
-    if known_objects is not None:  # "new" = bytes this commit added to the store
-        new_objects = {k: v for k, v in new_objects.items() if not known_objects(k)}
-    return DiffResult(group_layers(changes, threshold), sum(new_objects.values()), new.nbytes,
-                      threshold)
+            change.old_sq = _unchanged_norm(new_entries[change.name], load)
+    return group_layers(changes, threshold)
 
 
 def group_layers(changes: list[TensorChange], threshold: float) -> list[LayerChange]:

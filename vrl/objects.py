@@ -263,24 +263,43 @@ class TensorEntry:
             raise CorruptObjectError(f"tensor {self.id[:12]} has an invalid tie")
 
 
+# The JSON text of a manifest entry, by the entry object: a commit reuses the entry objects
+# of the tensors that did not change (vrl.repo), so their text is not written again. By
+# identity, not equality (1 == 1.0 == True would hand out another value's text); each value
+# keeps its entry alive, so an id cannot be reused while it is here.
+_ENTRY_TEXT: dict[int, tuple[TensorEntry, str, str]] = {}
+_ENTRY_TEXT_MAX = 1 << 14
+
+
 def _tensors_json(tensors: dict[str, TensorEntry]) -> str | None:
     """canonical_json of a manifest's {name: entry.to_json()}, as text, written directly
     (every commit encodes its manifest; this is several times faster); None where a
     field is not of the type it should be (then only the generic encoder is exact)."""
     parts = []
+    cache = _ENTRY_TEXT
     for name in sorted(tensors):
         e = tensors[name]
+        hit = cache.get(id(e))
+        if hit is not None and hit[0] is e and (hit[1] is name or
+                                                (type(name) is str and hit[1] == name)):
+            parts.append(hit[2])
+            continue
         oid, dtype, shape, nbytes, tie = e.id, e.dtype, e.shape, e.nbytes, e.tie
         if type(name) is not str or type(oid) is not str or type(dtype) is not str or \
-                type(nbytes) is not int or (tie is not None and type(tie) is not str):
+                type(nbytes) is not int or (tie is not None and type(tie) is not str) or \
+                type(shape) is not tuple:
             return None
         for dim in shape:
             if type(dim) is not int:
                 return None
         dims = ",".join([str(dim) for dim in shape])
         tied = "" if tie is None else f',"tie":{_json_str(tie)}'
-        parts.append(f'{_json_str(name)}:{{"dtype":{_json_str(dtype)},"id":{_json_str(oid)},'
-                     f'"nbytes":{nbytes},"shape":[{dims}]{tied}}}')
+        text = (f'{_json_str(name)}:{{"dtype":{_json_str(dtype)},"id":{_json_str(oid)},'
+                f'"nbytes":{nbytes},"shape":[{dims}]{tied}}}')
+        if len(cache) >= _ENTRY_TEXT_MAX:
+            cache.clear()  # (all at once: no iteration another thread could disturb)
+        cache[id(e)] = (e, name, text)
+        parts.append(text)
     return "{" + ",".join(parts) + "}"
 
 
@@ -313,10 +332,7 @@ class Manifest:
     layout: FileLayout | None = None  # absent for snapshots committed from memory
 
     def to_bytes(self) -> bytes:
-        if json_depth(self.tree) > MAX_TREE_DEPTH - 2:  # room for {"tree": ...}
-            raise MetadataError(f"the checkpoint nests too deeply to store (about "
-                                f"{MAX_TREE_DEPTH // 3} levels of dicts and lists at most); "
-                                "flatten it")
+        tree = self._tree_json()
         tensors = _tensors_json(self.tensors)
         if tensors is None:  # a field of an unusual type: the generic encoder decides
             data = {
@@ -330,8 +346,26 @@ class Manifest:
         # the same bytes, assembled: keys in sorted order (format, layout, tensors, tree)
         layout = "" if self.layout is None else \
             f'"layout":{_CANONICAL.encode(self.layout.to_json())},'
-        return (f'{{"format":{FORMAT},{layout}"tensors":{tensors},'
-                f'"tree":{_CANONICAL.encode(self.tree)}}}').encode()
+        return f'{{"format":{FORMAT},{layout}"tensors":{tensors},"tree":{tree}}}'.encode()
+
+    def _tree_json(self) -> str:
+        """The tree's canonical JSON, once its depth is known to fit (room for
+        {"tree": ...}). Each level of nesting opens a bracket, so their count bounds the
+        depth: one scan of the text in C, the walk of the tree only where that is not
+        enough (a deep tree is refused before any error of its encoding is reported)."""
+        limit = MAX_TREE_DEPTH - 2
+        try:
+            text = _CANONICAL.encode(self.tree)
+        except Exception:
+            text = None
+        if text is None or text.count("[") + text.count("{") > limit:
+            if json_depth(self.tree) > limit:
+                raise MetadataError(f"the checkpoint nests too deeply to store (about "
+                                    f"{MAX_TREE_DEPTH // 3} levels of dicts and lists at "
+                                    "most); flatten it")
+            if text is None:
+                text = _CANONICAL.encode(self.tree)  # raises its error again
+        return text
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Manifest:
@@ -399,7 +433,24 @@ class Commit:
         }
 
     def to_bytes(self) -> bytes:
-        return canonical_json(self.to_json())
+        """canonical_json(self.to_json()), assembled field by field (every commit writes
+        one): the empty dicts and the layer statistics without the generic walk."""
+        parts = []
+        for name in _DICT_FIELDS:
+            value = getattr(self, name)
+            text = "{}" if type(value) is dict and not value else \
+                _stats_json(value) if name == "stats" else None
+            if text is None:
+                text = _CANONICAL.encode(_clean(value, MAX_DEPTH, f"commit {name}"))
+            parts.append(text)
+        hparams, metrics, env, stats, meta = parts
+        step = "null" if self.step is None else int.__repr__(self.step)
+        parents = ",".join([_json_str(p) for p in self.parents])
+        return (f'{{"author":{_json_str(self.author)},"env":{env},"format":{FORMAT},'
+                f'"hparams":{hparams},"manifest":{_json_str(self.manifest)},'
+                f'"message":{_json_str(self.message)},"meta":{meta},"metrics":{metrics},'
+                f'"parents":[{parents}],"stats":{stats},"step":{step},'
+                f'"time":{_json_str(self.time)}}}').encode()
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> Commit:
@@ -426,6 +477,99 @@ class Commit:
 
 
 _DICT_FIELDS = ("hparams", "metrics", "env", "stats", "meta")
+
+
+def _scalar_json(value: Any) -> str | None:
+    """A scalar as canonical_json writes it after `_clean` (non-finite floats as strings);
+    None for anything else."""
+    kind = type(value)
+    if kind is str:
+        return _json_str(value)
+    if kind is float:
+        if value - value == 0.0:
+            return float.__repr__(value)
+        return '"nan"' if value != value else ('"inf"' if value > 0 else '"-inf"')
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    return None
+
+
+_STATS_KEYS = frozenset({"bytes_new", "bytes_total", "layers", "parent", "summary",
+                         "threshold"})
+_LAYER_KEYS = frozenset({"status", "shapes", "rel", "max_abs", "material", "nbytes"})
+_LAYER_KEYS_KIND = _LAYER_KEYS | {"kind"}
+_LAYER_KEYS_PARAMETER = _LAYER_KEYS_KIND | {"parameter"}
+
+
+def _stats_json(stats: Any) -> str | None:
+    """canonical_json(_clean(stats)) of a commit's layer statistics (vrl.diff's
+    `DiffResult.to_json()` plus "parent"), as text, written directly; None where `stats`
+    is not of that shape or holds a value of another type (then the generic encoder)."""
+    if type(stats) is not dict or stats.keys() != _STATS_KEYS:
+        return None
+    layers = stats["layers"]
+    if type(layers) is not dict:
+        return None
+    head = [_scalar_json(stats["bytes_new"]), _scalar_json(stats["bytes_total"])]
+    tail = [_scalar_json(stats["parent"]), _scalar_json(stats["summary"]),
+            _scalar_json(stats["threshold"])]
+    if None in head or None in tail:
+        return None
+    names = list(layers)
+    for name in names:
+        if type(name) is not str:
+            return None
+    names.sort()
+    parts = []
+    for name in names:
+        v = layers[name]
+        if type(v) is not dict:
+            return None
+        keys = v.keys()
+        if keys == _LAYER_KEYS:
+            kind = parameter = ""
+        elif keys == _LAYER_KEYS_KIND:
+            kind, parameter = _scalar_json(v["kind"]), ""
+        elif keys == _LAYER_KEYS_PARAMETER:
+            kind, parameter = _scalar_json(v["kind"]), _scalar_json(v["parameter"])
+        else:
+            return None
+        shapes = v["shapes"]
+        if type(shapes) is not list:
+            return None
+        dims = []
+        for shape in shapes:
+            if type(shape) is not list and type(shape) is not tuple:
+                return None
+            for dim in shape:
+                if type(dim) is not int:
+                    return None
+            dims.append(",".join(map(int.__repr__, shape)))
+        # the common types inline (a call each costs more than the rest of the text)
+        material, max_abs, nbytes, rel, status = \
+            v["material"], v["max_abs"], v["nbytes"], v["rel"], v["status"]
+        material = "true" if material is True else "false" if material is False else \
+            _scalar_json(material)
+        max_abs = float.__repr__(max_abs) if type(max_abs) is float and \
+            max_abs - max_abs == 0.0 else _scalar_json(max_abs)
+        nbytes = int.__repr__(nbytes) if type(nbytes) is int else _scalar_json(nbytes)
+        rel = float.__repr__(rel) if type(rel) is float and rel - rel == 0.0 else \
+            _scalar_json(rel)
+        status = _json_str(status) if type(status) is str else _scalar_json(status)
+        if None in (material, max_abs, nbytes, rel, status, kind, parameter):
+            return None
+        kind = f'"kind":{kind},' if kind else ""
+        parameter = f'"parameter":{parameter},' if parameter else ""
+        parts.append(f'{_json_str(name)}:{{{kind}"material":{material},"max_abs":{max_abs},'
+                     f'"nbytes":{nbytes},{parameter}"rel":{rel},'
+                     f'"shapes":[{"[" + "],[".join(dims) + "]" if dims else ""}],'
+                     f'"status":{status}}}')
+    return (f'{{"bytes_new":{head[0]},"bytes_total":{head[1]},"layers":{{{",".join(parts)}}},'
+            f'"parent":{tail[0]},"summary":{tail[1]},"threshold":{tail[2]}}}')
 
 
 def _commit_problem(fields: dict[str, Any], strict_ids: bool) -> str | None:

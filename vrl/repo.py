@@ -179,6 +179,9 @@ class Repo(Maintenance, WorkspaceMixin):
         # Snapshotter's committer hands them back, so the next change check hashes the
         # live tensor instead of byte-comparing it with a held copy)
         self.digests: dict[str, bytes] = {}
+        # name -> the entry the last snapshot made for it: an unchanged tensor's entry is
+        # that same object, whose manifest text (vrl.objects) is then already written
+        self._entries: dict[str, TensorEntry] = {}
         # id -> the bytes a commit in progress just hashed: its layer statistics read the
         # new tensors from memory (their files may still be in flight) instead of mapping
         # them back from the store
@@ -583,6 +586,7 @@ class Repo(Maintenance, WorkspaceMixin):
         from vrl.tensors import tensor_bytes  # (torch-free itself; imported once here)
 
         known, objects, fingerprint = self._known, self.objects, _xxh3_128()
+        last, made = self._entries, {}
         remember = RECENT_COMMIT_BYTES  # bytes this commit may still keep in _recent
         for name, value in tensors.items():
             if name in ties:
@@ -622,7 +626,17 @@ class Repo(Maintenance, WorkspaceMixin):
                 if nbytes < PACK_MAX and nbytes <= remember:
                     remember -= nbytes
                     self._remember(oid, buf)
-            entries[name] = TensorEntry(oid, dtype, shape, nbytes)
+            entry = last.get(name)
+            if entry is None or entry.id != oid or entry.shape != shape or \
+                    entry.nbytes != nbytes or entry.dtype != dtype:
+                # (shapes are tuples of ints, dtypes strs, ids and sizes exact: equal
+                # values are the same values, whose text is the same)
+                entry = TensorEntry(oid, dtype, shape, nbytes)
+            if type(dtype) is str:
+                made[name] = entry
+            entries[name] = entry
+        if write:
+            self._entries = made
         return entries, new_ids
 
     def commit(self, state: Any, optimizer: Any = None, *, message: str = "",

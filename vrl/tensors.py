@@ -107,7 +107,9 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             if value.layout != strided or value.is_quantized:
                 raise CheckpointError(f"tensor {path or ''!r} is sparse or quantized; "
                                       "convert it to a dense tensor first")
-            name = name_for(path)
+            name = path or "tensor"
+            if name in tensors:  # (a call less for the unique name of almost every tensor)
+                name = name_for(path)
             tensors[name] = value
             if value.numel() > 0 and not value.is_meta:
                 # (is_cpu first: `device.type` costs more than the rest of the key)
@@ -141,7 +143,7 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
                     raise CheckpointError(f"key {k!r} at {path or 'top level'!r} "
                                           "is not a string or integer")
-                items.append([k, enc(v, below(path, k))])
+                items.append([k, enc(v, str(k) if path is None else path + SEP + str(k))])
             return {"$d": items}
         if isinstance(value, DtypeName):
             return {"$dt": str(value)}

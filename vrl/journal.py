@@ -447,10 +447,6 @@ class Journal:
         do, by `wait`). No ref lock file is taken: every ref change outside the journal
         holds the journal throughout (`exclusive`)."""
         refs = self.refs
-        if name == "HEAD":
-            name = refs.head_target() or "HEAD"
-        if name != "HEAD":
-            refs.check_new(name)
         handle = self._handle()
         nested = handle.owner == threading.get_ident()
         if not nested:
@@ -459,6 +455,9 @@ class Journal:
         handed = False
         sealed = pack_fd = None
         try:
+            target = refs.head_target()  # (HEAD read once, under the lock)
+            if name == "HEAD":
+                name = target or "HEAD"
             try:
                 old = refs.read_raw(name) if name == "HEAD" else refs.read(name)
             except RevisionError as exc:
@@ -469,7 +468,12 @@ class Journal:
                 raise RefConflictError(
                     f"{short_ref(name)} moved: expected {(expected or 'none')[:12]}, found "
                     f"{(old or 'none')[:12]} (another process updated it); retry")
-            logs = [(log, refs.log_line(old, new, reason)) for log in refs.logs_for(name)]
+            if old is None and name != "HEAD":
+                refs.check_new(name)  # a new ref: no clash with a folder, its folders made
+            # (as refs.logs_for: its own reflog, and HEAD's while HEAD is attached to it)
+            logs = [(log, refs.log_line(old, new, reason))
+                    for log in ([name, "HEAD"] if name != "HEAD" and target == name
+                                else [name])]
             sealed = self.objects.take_sealed()
             file, chunks, nbytes = sealed[:3] if sealed else (None, [], 0)
             # a big pack (4 MiB or more) is written once, to its own file, fsynced in the

@@ -99,6 +99,23 @@ def test_a_commit_returns_before_its_files_and_every_reader_sees_it(tmp_path, mo
     assert_loads(Repo(tmp_path, verify=True), cid, state)
 
 
+def test_a_commit_made_while_the_interpreter_exits_is_written_out(tmp_path):
+    """An atexit handler (a Snapshotter's last flush) commits after the thread pools shut
+    down: the commit writes its own files out instead of handing them to a thread."""
+    Repo.init(tmp_path)
+    script = (
+        "import atexit, sys, torch\n"
+        "from vrl import Repo\n"
+        "repo = Repo(sys.argv[1])\n"
+        "atexit.register(lambda: print(repo.commit({'w': torch.ones(8)}, env=False)))\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    cid = out.stdout.strip()
+    assert (tmp_path / ".vrl" / "refs" / "heads" / "main").read_text() == cid + "\n"
+    assert Repo(tmp_path, verify=True).fsck()["ok"]
+
+
 def test_after_a_power_cut_every_lost_file_is_written_again(tmp_path, monkeypatch):
     """What a cut can lose of a journaled commit - its pack, the ref's content, reflog
     lines - comes back from the journal when the repository is opened after the reboot."""

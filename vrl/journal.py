@@ -498,10 +498,14 @@ class Journal:
                 self._finish(handle, done, sealed)
             else:  # the rest off the caller's path; the journal is handed over with it
                 handle.owner = BACKGROUND
-                handle.job = functools.partial(self._finish, handle, done, sealed,
-                                               release=True)
-                handle.pending = thread_pool("vrl-journal", 1).submit(handle.job)
+                job = handle.job = functools.partial(self._finish, handle, done, sealed,
+                                                     release=True)
                 handed = True
+                try:
+                    handle.pending = thread_pool("vrl-journal", 1).submit(job)
+                except RuntimeError:  # the interpreter is exiting (an atexit flush): here
+                    handle.job = None
+                    job()
         finally:
             if pack_fd is not None:
                 os.close(pack_fd)

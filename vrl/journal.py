@@ -597,10 +597,8 @@ class Journal:
         """Make everything the records materialised durable, then empty the journal."""
         if not self.usable or not os.path.exists(self.path):
             return
-        with self.held() as fd:
-            size = os.fstat(fd).st_size
-            if size > HEADER.size:
-                self._checkpoint(fd, parse(_read_all(fd, size))[0])
+        with self.exclusive():
+            pass
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -652,23 +650,10 @@ class Journal:
 
     def recover(self) -> None:
         """At open: finish what a dead holder or a power cut left (cheap when nothing is)."""
-        if not self.usable:
-            return
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            header = self._read_header(fd)
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        if size <= HEADER.size or (header is not None and header[0] == self.boot and
-                                   header[1] >= size):
-            return
-        with contextlib.suppress(OSError, StorageError):  # read-only: readers see the rest
-            with self.held():
-                pass
+        if self._behind(_HANDLES.get(self.path)):
+            with contextlib.suppress(OSError, StorageError):  # read-only: readers see the rest
+                with self.held():
+                    pass
 
 
 def create_journal(vrl_dir: Path) -> None:

@@ -1146,6 +1146,8 @@ class FileObjectStore(ObjectStore):
         `landing` bytes about to be placed), or None."""
         if len(self._packs) + (landing is not None) < AUTO_MERGE:
             return None  # the common case: not even a look at sizes
+        if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
+            self._pack_sizes = {n: v for n, v in self._pack_sizes.items() if n in self._packs}
         classes: tuple[list[str], list[str]] = ([], [])
         for name in sorted(self._packs):
             size = self._pack_sizes.get(name)

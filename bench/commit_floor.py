@@ -16,7 +16,9 @@ With the commit journal (vrl/journal.py, vrl's default on Linux) a commit is one
 the record appended and fdatasynced, then the pack, reflog line and ref written without
 fsync (a big pack: written to its own file, fsynced in that same round). vrl's commit
 returns at the commit point and writes the rest in the background: the rows "to the commit
-point" time only what it waits for (the rest runs untimed between rounds).
+point" time only what it waits for (the rest runs untimed between rounds). Its records are
+written in place, over space the journal has zero-filled and fsynced before ("written in
+place"): the fdatasync then commits no file metadata.
 
 This script times exactly those file operations with no vrl code around them (the floor),
 one round fewer and one more (vrl before this change made four: the pack directory had a
@@ -137,6 +139,17 @@ def journaled(root: str, payload: bytes, jfd: int, serial: list[int], own_file: 
         os.rename(ref_tmp, f"{root}/refs/main")
 
 
+def in_place(jfd: int, payload: bytes, at: list[int], room: int) -> None:
+    """What vrl's commit now waits for: the record written over zero-filled, fsynced
+    space the journal already has (its fdatasync commits no file metadata), wrapping
+    around as a checkpoint does."""
+    if at[0] + len(payload) > room:
+        at[0] = 0
+    os.pwrite(jfd, payload, at[0])
+    os.fdatasync(jfd)
+    at[0] += len(payload)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -154,6 +167,10 @@ def main() -> None:
             os.makedirs(f"{root}/{sub}")
         serial = [0]
         jfd = os.open(f"{root}/journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        room, at = 8 << 20, [0]
+        ifd = os.open(f"{root}/journal-in-place", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(ifd, bytes(room))
+        os.fsync(ifd)
         repos = work / "repos"
         repos.mkdir()
         incr_repo = Repo.init(work / "incr")
@@ -202,6 +219,9 @@ def main() -> None:
             "floor, journal, incremental pack in the record, to the commit point": (
                 lambda: journaled(root, incr_pack, jfd, serial, False, "point"),
                 lambda: journaled(root, incr_pack, jfd, serial, False, "after")),
+            "floor, journal, incremental pack in the record written in place, to the "
+            "commit point": (lambda: in_place(ifd, incr_pack, at, room),
+                             lambda: journaled(root, incr_pack, jfd, serial, False, "after")),
             "vrl first commit": (lambda: holder["repo"].commit(state, env=False),
                                  fresh_repo),
             "vrl incremental commit": (incremental, None),

@@ -34,25 +34,36 @@ def assert_loads(repo: Repo, cid: str, state: dict[str, torch.Tensor]) -> None:
 
 
 def records(repo: Repo) -> list[journal.Record]:
+    """The journal's records since its last checkpoint (all materialised: synced first)."""
+    repo.sync()
     data = (repo.vrl_dir / "journal").read_bytes()
     found, end = journal.parse(data)
-    assert end == len(data)
+    assert end == journal.read_header(data).applied
     return found
 
 
-def test_a_small_commit_is_one_fdatasync_and_no_fsync(tmp_path, monkeypatch):
+def test_a_small_commit_is_one_fdatasync_written_in_place(tmp_path, monkeypatch):
+    """No fsync, one fdatasync, and from the third commit on the record overwrites space
+    the journal already has (zero-filled in the background after the second): the
+    fdatasync then commits no file metadata."""
     repo = Repo.init(tmp_path)
     repo.commit(policy(0), env=False)
+    repo.commit(policy(1), env=False)
+    repo.sync()
+    path = repo.vrl_dir / "journal"
+    size = path.stat().st_size
+    assert size > journal.read_header(path.read_bytes()).applied + 2 * 10_000  # room made
     calls: list[str] = []
     for name in ("fsync", "fdatasync"):
         real = getattr(os, name)
         monkeypatch.setattr(os, name, lambda fd, n=name, r=real: (
             calls.append(f"{n} {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))}"),
             r(fd))[1])
-    cid = repo.commit(policy(1), env=False, message="second")
+    cid = repo.commit(policy(2), env=False, message="third")
     repo.journal.wait()  # (its files are written in the background)
     monkeypatch.undo()
     assert calls == ["fdatasync journal"]
+    assert path.stat().st_size == size  # written in place
     (record,) = records(repo)[-1:]
     assert (record.ref, record.new) == ("refs/heads/main", cid)
     assert [log for log, _ in record.logs] == ["refs/heads/main", "HEAD"]
@@ -153,37 +164,39 @@ def test_replay_never_undoes_a_later_ref_change(tmp_path, monkeypatch):
     assert Repo(tmp_path).head() == first
 
 
-def test_a_torn_record_is_cut_off_and_moves_nothing(tmp_path):
+def test_a_torn_record_is_invalidated_and_moves_nothing(tmp_path):
+    """A record torn by a crash (written in place over the journal's room, never
+    fdatasynced, so never reported) is not replayed, and no reader takes it for a
+    pending one."""
     repo = Repo.init(tmp_path)
     cid = repo.commit(policy(0), env=False)
-    repo.sync()
-    path = repo.vrl_dir / "journal"
-    intact = path.read_bytes()
     repo.commit(policy(1), env=False)
-    repo.sync()
-    torn = path.read_bytes()[: len(intact) + 100]  # a cut in the middle of the append
-    path.write_bytes(torn)
+    second = records(repo)[1]
+    path = repo.vrl_dir / "journal"
+    data = bytearray(path.read_bytes())
+    data[second.offset + 100:second.end] = bytes(second.end - second.offset - 100)
+    data[48:56] = second.offset.to_bytes(8, "little")  # the holder died before marking it
+    path.write_bytes(bytes(data))
     (repo.vrl_dir / "refs" / "heads" / "main").write_text(cid + "\n")  # never moved
     log = repo.vrl_dir / "logs" / "refs" / "heads" / "main"
     log.write_bytes(log.read_bytes().split(b"\n", 1)[0] + b"\n")
     (repo.vrl_dir / "logs" / "HEAD").write_bytes(log.read_bytes())
-    with open(path, "r+b") as f:  # the dead holder had not marked it materialised
-        f.seek(48)
-        f.write(len(intact).to_bytes(8, "little"))
+    assert repo.journal._behind(None)  # it looks like a pending record ...
     fresh = Repo(tmp_path, verify=True)
     assert fresh.head() == cid
-    assert path.read_bytes() == intact
+    assert not fresh.journal._behind(None)  # ... until the first holder looked at it
+    assert [r.new for r in records(fresh)] == [cid]
     assert fresh.fsck()["ok"]
     again = fresh.commit(policy(2), env=False)
     assert Repo(tmp_path).head() == again
+    assert [r.new for r in records(fresh)] == [cid, again]
 
 
-@pytest.mark.parametrize("fail", ["fdatasync", "writev"])
+@pytest.mark.parametrize("fail", ["fdatasync", "pwritev"])
 def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
     repo = Repo.init(tmp_path)
     first = repo.commit(policy(0), env=False)
-    repo.sync()
-    before = (repo.vrl_dir / "journal").read_bytes()
+    before = records(repo)
     logs = (repo.vrl_dir / "logs" / "HEAD").read_bytes()
     real = getattr(os, fail)
 
@@ -193,14 +206,24 @@ def test_a_failed_append_moves_nothing(tmp_path, monkeypatch, fail):
         return real(fd, *a)
 
     monkeypatch.setattr(os, fail, broken)
-    with pytest.raises(StorageError, match="disk full" if fail == "writev" else "I/O error"):
+    with pytest.raises(StorageError, match="disk full" if fail == "pwritev" else "I/O error"):
         repo.commit(policy(1), env=False)
     monkeypatch.undo()
-    assert (repo.vrl_dir / "journal").read_bytes() == before
+    assert records(repo) == before
     assert (repo.vrl_dir / "logs" / "HEAD").read_bytes() == logs
     assert Repo(tmp_path).head() == first
     state = policy(2)
     cid = repo.commit(state, env=False)
+    assert_loads(Repo(tmp_path, verify=True), cid, state)
+    assert [r.new for r in records(repo)] == [first, cid]
+
+
+def test_a_commit_of_many_small_tensors_is_one_record(tmp_path):
+    """A record has more parts than one pwritev takes (two per small object)."""
+    repo = Repo.init(tmp_path)
+    state = {f"layer{i}.bias": torch.full((3,), float(i)) for i in range(3000)}
+    cid = repo.commit(state, env=False)
+    assert [r.new for r in records(repo)] == [cid]
     assert_loads(Repo(tmp_path, verify=True), cid, state)
 
 
@@ -237,14 +260,24 @@ def test_a_failed_materialisation_is_finished_once_it_can_be(tmp_path, monkeypat
 
 
 def test_the_journal_is_checkpointed_when_it_grows(tmp_path, monkeypatch):
-    monkeypatch.setattr(journal, "JOURNAL_MAX", 20_000)
+    """Past JOURNAL_MAX, a checkpoint starts a new epoch at the start: the file keeps its
+    room (bounded by what records reach), the older records are stale, not replayed."""
+    monkeypatch.setattr(journal, "JOURNAL_MAX", 40_000)
     repo = Repo.init(tmp_path)
-    sizes = []
-    for i in range(6):
-        repo.commit(policy(i), env=False)
-        repo.sync()  # (the checkpoint is part of the background work)
-        sizes.append((repo.vrl_dir / "journal").stat().st_size)
-    assert max(sizes) < 20_000 + 2 * 16_000 and min(sizes) == journal.HEADER.size
+    path = repo.vrl_dir / "journal"
+    seen, sizes, epochs = [], [], set()
+    for i in range(12):
+        seen.append(repo.commit(policy(i), env=False))
+        found = records(repo)
+        if found:
+            assert [r.new for r in found] == seen[-len(found):]
+        sizes.append(path.stat().st_size)
+        epochs.add(journal.read_header(path.read_bytes()).epoch)
+    assert len(epochs) >= 3  # checkpointed at least twice
+    assert max(sizes) <= 40_000 + 2 * 16_000 + 2 * journal.ROOM_MIN
+    monkeypatch.setattr(journal, "boot_id", lambda: "after-the-reboot")
+    fresh = Repo(tmp_path, verify=True)  # a replay of the stale records would fail fsck
+    assert fresh.head() == seen[-1] and fresh.fsck()["ok"]
 
 
 def test_another_thread_waits_while_the_journal_is_held(tmp_path):
@@ -421,3 +454,42 @@ def test_a_journal_held_too_long_by_another_process_is_a_clear_error(tmp_path, m
         os.close(other)
     assert Repo(tmp_path).head() == head
     assert repo.commit(policy(1), env=False) != head
+
+
+def test_a_journal_of_the_format_before_epochs_is_replayed_and_converted(tmp_path):
+    """A repository whose journal was written by vrl before epochs (b"vrljrnl1": records
+    appended, no epoch) with a record still pending: the first holder re-applies it and
+    starts the journal afresh in the current format."""
+    import json
+    import struct
+
+    import xxhash
+
+    repo = Repo.init(tmp_path)
+    first = repo.commit(policy(0), env=False)
+    state = policy(1)
+    cid = repo.commit(state, env=False)
+    record = records(repo)[-1]
+    # undo its materialisation, and write the journal as the old format had it
+    (repo.vrl_dir / "refs" / "heads" / "main").write_text(first + "\n")
+    for log in ("logs/HEAD", "logs/refs/heads/main"):
+        path = repo.vrl_dir / log
+        path.write_bytes(path.read_bytes().replace(record.logs[0][1], b""))
+    (repo.vrl_dir / "objects" / "pack" / record.pack).unlink()
+    meta = json.dumps({"ref": record.ref, "old": record.old, "new": record.new,
+                       "pack": record.pack, "external": False,
+                       "logs": [[log, line.decode()] for log, line in record.logs]}).encode()
+    body = record.body
+    old_record = struct.pack("<4sIQ16s", b"VJR1", len(meta), len(body),
+                             xxhash.xxh3_128(meta + body).digest()) + meta + body
+    header = struct.pack("<8s40sQ8x", b"vrljrnl1", journal.boot_id().encode().ljust(40), 64)
+    (repo.vrl_dir / "journal").write_bytes(header + old_record)
+    assert Repo(tmp_path).head() == cid  # (a reader waits for it to be re-applied)
+    fresh = Repo(tmp_path, verify=True)
+    assert_loads(fresh, cid, state)
+    assert [e.new for e in fresh.refs.reflog("HEAD")][:2] == [cid, first]
+    data = (repo.vrl_dir / "journal").read_bytes()
+    assert journal.read_header(data).magic == journal.MAGIC and records(fresh) == []
+    assert fresh.fsck()["ok"]
+    again = fresh.commit(policy(2), env=False)
+    assert [r.new for r in records(fresh)] == [again]

@@ -16,20 +16,29 @@ durable (with their directories) before the record is appended, as before. A jou
 commit takes no ref lock file: every ref change outside the journal holds it throughout
 (`exclusive`, the ref store's guard).
 
-    0    header, 64 bytes: b"vrljrnl1", the boot id of the records' machine (40 bytes,
-         ASCII, space-padded), u64 offset up to which every record is materialised, pad
-    64   records: b"VJR1", u32 JSON length, u64 body length, 16-byte xxh3-128 of JSON and
-         body, then the JSON ({ref, old, new, logs: [[log, line]], pack, external}) and the
-         body (the pack file's bytes; empty for an `external` pack: one of EXTERNAL_MIN or
-         more is written once to its own file and fsynced in the same round as the record
-         instead - a replay drops such a record, the last, if that file is not whole: its
-         round never ended)
+    0    header, 64 bytes: b"vrljrnl2", the boot id of the records' machine (40 bytes,
+         ASCII, space-padded), u64 offset up to which every record is materialised, u64
+         epoch (random, new at every checkpoint)
+    64   records, back to back: b"VJR2", u32 JSON length, u64 body length, u64 epoch,
+         16-byte xxh3-128 of the 24 bytes before it, the JSON and the body; then the JSON
+         ({ref, old, new, logs: [[log, line]], pack, external}) and the body (the pack
+         file's bytes; empty for an `external` pack: one of EXTERNAL_MIN or more is
+         written once to its own file and fsynced in the same round as the record instead
+         - a replay drops such a record, the last, if that file is not whole: its round
+         never ended)
+
+The records end at the first place that holds no intact record of the header's epoch.
+Records are written over space the journal already has - written, zero-filled, fsynced -
+where there is room: the fdatasync of an overwrite then commits no file metadata, which
+cuts it by about a third (~0.33 -> ~0.21 ms here). The room is added in the background
+once a journal takes a second record (zeros, doubling), and kept: a checkpoint starts a
+new epoch at offset 64, which makes every older record stale without erasing it.
 
 Recovery (all under an `flock` of the journal, which the kernel releases if its holder
 dies):
 - A holder killed between its append and the end of materialising (same boot): the next
-  holder finds the materialised offset behind the file's end and re-applies the records
-  after it (a torn record, never fdatasynced, is cut off).
+  holder finds an intact record at the materialised offset and re-applies the records
+  from there (a torn record, never fdatasynced, is invalidated).
 - A power cut: files written without fsync may be lost or empty. The first holder after the
   reboot (the boot id differs) re-applies every record in order, then checkpoints.
 Re-applying is idempotent: a pack is written unless the file holds exactly its bytes; the
@@ -37,7 +46,8 @@ ref is set if it holds the record's old value (or is damaged), a reflog line is 
 the log lacks it. In order, each record's old value is the previous record's new one, so a
 ref lost at any point of the chain ends at the last record's value.
 
-Checkpoint: everything the records materialised is fsynced, then the journal is truncated.
+Checkpoint: everything the records materialised is fsynced, then the header is rewritten
+with a new epoch and offset 64 (and fsynced).
 It runs under a ref's lock before any ref change outside the journal (a replay must never
 undo one: a ref reset to an older commit would hold a record's old value again), before gc
 and repack, and once the journal passes JOURNAL_MAX bytes.
@@ -69,11 +79,17 @@ from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import ANY, LOCK_TIMEOUT, RefStore, _fsync_all, check_ref_name, short_ref
 
-HEADER = struct.Struct("<8s40sQ8x")
-MAGIC = b"vrljrnl1"
-RECORD = struct.Struct("<4sIQ16s")
-RECORD_MAGIC = b"VJR1"
-JOURNAL_MAX = 64 << 20  # checkpoint once the journal is this big (bounds a replay)
+HEADER = struct.Struct("<8s40sQQ")
+MAGIC = b"vrljrnl2"
+RECORD = struct.Struct("<4sIQQ16s")
+RECORD_MAGIC = b"VJR2"
+# the format before epochs (records appended, the file truncated at a checkpoint): still
+# read, so that a repository's pending records survive an upgrade; converted at first use
+LEGACY_MAGIC, LEGACY_RECORD, LEGACY_RECORD_MAGIC = b"vrljrnl1", struct.Struct("<4sIQ16s"), \
+    b"VJR1"
+JOURNAL_MAX = 8 << 20  # checkpoint once the records pass this (bounds a replay, the file)
+ROOM_MIN = 64 << 10  # the least space a journal that takes a second record gets ahead
+IOV_MAX = 512  # parts per pwritev (Linux allows 1024)
 # A pack this big is fsynced in its own file in the record's round instead of inside the
 # record (it would be written twice). Below it, the record is cheaper: one fdatasync of
 # the journal, where a pack file of its own costs a file, a rename and three fsyncs on the
@@ -125,6 +141,10 @@ class _Handle:
         self.pending: Future | None = None  # a record being materialised in the background
         self.job: Callable[[], None] | None = None  # what `pending` runs
         self.failed = False  # the last one was not: the next holder re-applies it
+        # where the next record goes and its epoch: known while the journal is held (the
+        # header is read when it is taken)
+        self.tail = HEADER.size
+        self.epoch = 0
 
 
 _HANDLES: dict[str, _Handle] = {}
@@ -151,41 +171,78 @@ def _close_released() -> None:
 
 
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
-           pack: str | None, body: list, external: bool = False) -> list:
-    """A record's bytes, in parts (written with one writev: the body is not copied)."""
+           pack: str | None, body: list, external: bool = False, epoch: int = 0) -> list:
+    """A record's bytes, in parts (written with pwritev: the body is not copied)."""
     meta = json.dumps({"ref": ref, "old": old, "new": new, "pack": pack,
                        "external": external,
                        "logs": [[log, line.decode()] for log, line in logs]},
                       separators=(",", ":")).encode()
     size = sum(memoryview(part).nbytes for part in body)
-    return [RECORD.pack(RECORD_MAGIC, len(meta), size, _digest(meta, *body)), meta, *body]
+    head = RECORD.pack(RECORD_MAGIC, len(meta), size, epoch, b"")[:-16]
+    return [head + _digest(head, meta, *body), meta, *body]
 
 
-def _digest(meta: bytes, *body: bytes | memoryview) -> bytes:
-    """xxh3-128 of a record's JSON and body (imported here: metadata commands, which open
-    a repository but never write one, need not load xxhash)."""
+def _digest(*parts: bytes | memoryview) -> bytes:
+    """xxh3-128 of a record's parts (imported here: metadata commands, which open a
+    repository but never write one, need not load xxhash)."""
     import xxhash
 
-    h = xxhash.xxh3_128(meta)
-    for part in body:
+    h = xxhash.xxh3_128()
+    for part in parts:
         h.update(part)
     return h.digest()
 
 
+@dataclass
+class Header:
+    magic: bytes
+    boot: str
+    applied: int  # every record before this offset is materialised
+    epoch: int
+
+    @property
+    def legacy(self) -> bool:
+        return self.magic == LEGACY_MAGIC
+
+
+def read_header(raw: bytes) -> Header | None:
+    """The header at the start of `raw`, or None where there is no valid one."""
+    if len(raw) < HEADER.size:
+        return None
+    magic, boot, applied, epoch = HEADER.unpack_from(raw)
+    if magic not in (MAGIC, LEGACY_MAGIC):
+        return None
+    return Header(magic, boot.decode("ascii", "replace").strip(), applied, epoch)
+
+
+def at_record(raw: bytes, header: Header) -> bool:
+    """Whether `raw` (bytes at a record's place) starts like a record of `header`'s journal:
+    its magic and epoch. The whole record's digest decides whether it is intact."""
+    if header.legacy:
+        return raw[:4] == LEGACY_RECORD_MAGIC
+    return len(raw) >= RECORD.size and raw[:4] == RECORD_MAGIC and \
+        RECORD.unpack_from(raw)[3] == header.epoch
+
+
 def parse(data: bytes, start: int = HEADER.size) -> tuple[list[Record], int]:
-    """The intact records from `start` on, and where the first torn or damaged one starts
-    (the file's end when there is none)."""
+    """The intact records of the journal `data` (the file from its start) from `start` on,
+    and where the first torn, damaged or stale one starts (there the records end)."""
     out: list[Record] = []
+    header = read_header(data)
+    if header is None:
+        return out, start
+    head = LEGACY_RECORD if header.legacy else RECORD
     at = start
     view = memoryview(data)
-    while at + RECORD.size <= len(data):
-        magic, meta_len, body_len, digest = RECORD.unpack_from(data, at)
-        end = at + RECORD.size + meta_len + body_len
-        if magic != RECORD_MAGIC or end > len(data):
+    while at + head.size <= len(data) and at_record(data[at:at + RECORD.size], header):
+        meta_len, body_len = head.unpack_from(data, at)[1:3]
+        end = at + head.size + meta_len + body_len
+        if end > len(data):
             break
-        meta = bytes(view[at + RECORD.size: at + RECORD.size + meta_len])
-        body = view[at + RECORD.size + meta_len: end]
-        if _digest(meta, body) != digest:
+        meta = bytes(view[at + head.size: at + head.size + meta_len])
+        body = view[at + head.size + meta_len: end]
+        signed = () if header.legacy else (view[at:at + head.size - 16],)
+        if _digest(*signed, meta, body) != data[at + head.size - 16:at + head.size]:
             break
         try:
             m = json.loads(meta)
@@ -277,32 +334,23 @@ class Journal:
         except OSError as exc:
             raise storage_error(exc, self.vrl_dir, "creating the commit journal") from exc
 
-    def _header(self, applied: int) -> bytes:
-        return HEADER.pack(MAGIC, (self.boot or "").encode().ljust(40), applied)
-
-    def _read_header(self, fd: int) -> tuple[str, int] | None:
-        raw = os.pread(fd, HEADER.size, 0)
-        if len(raw) < HEADER.size:
-            return None
-        magic, boot, applied = HEADER.unpack(raw)
-        if magic != MAGIC:
-            return None
-        return boot.decode("ascii", "replace").strip(), applied
+    def _header(self, applied: int, epoch: int) -> bytes:
+        return HEADER.pack(MAGIC, (self.boot or "").encode().ljust(40), applied, epoch)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[int]:
-        """Hold the journal (reentrant), with every record materialised: yields the fd."""
+    def held(self) -> Iterator[_Handle]:
+        """Hold the journal (reentrant), with every record materialised."""
         handle = self._handle()
         if handle.owner == threading.get_ident():
             handle.depth += 1
             try:
-                yield handle.fd
+                yield handle
             finally:
                 handle.depth -= 1
             return
         self._acquire(handle)
         try:
-            yield handle.fd
+            yield handle
         finally:
             self._release(handle)
 
@@ -317,7 +365,7 @@ class Journal:
             raise
         handle.owner, handle.depth = threading.get_ident(), 1
         try:
-            self._settle(handle.fd)
+            self._settle(handle)
         except BaseException:
             self._release(handle)
             raise
@@ -378,15 +426,23 @@ class Journal:
         except OSError:
             return False
         try:
-            size = os.fstat(fd).st_size
-            header = self._read_header(fd) if size > HEADER.size else None
+            return self._unsettled(fd)[1]
         except OSError:
             return False
         finally:
             if not mine:
                 os.close(fd)
-        return size > HEADER.size and (header is None or header[0] != self.boot or
-                                       header[1] < size)
+
+    def _unsettled(self, fd: int) -> tuple[Header | None, bool]:
+        """The header, and whether records wait to be materialised: from the header's
+        offset on (after a reboot: from the first record on). Two reads."""
+        header = read_header(os.pread(fd, HEADER.size, 0))
+        if header is None or header.legacy:
+            size = os.fstat(fd).st_size
+            return header, size > HEADER.size and (
+                header is None or header.boot != self.boot or header.applied < size)
+        start = header.applied if header.boot == self.boot else HEADER.size
+        return header, at_record(os.pread(fd, RECORD.size, start), header)
 
     def _lock(self, fd: int) -> None:
         """flock the journal; like a ref's lock, give up after LOCK_TIMEOUT seconds (a
@@ -406,19 +462,23 @@ class Journal:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
 
-    def _settle(self, fd: int) -> None:
-        """Re-apply what a dead holder (or a power cut) left unmaterialised."""
-        size = os.fstat(fd).st_size
-        header = self._read_header(fd)
-        if header is not None and header[0] == self.boot and header[1] >= size:
-            return  # the common case: everything is in place
-        from_boot = header is not None and header[0] == self.boot
-        start = header[1] if from_boot and header[1] >= HEADER.size else HEADER.size
-        data = _read_all(fd, size)
-        records, end = parse(data, HEADER.size)
+    def _settle(self, handle: _Handle) -> None:
+        """Re-apply what a dead holder (or a power cut) left unmaterialised; learn where the
+        next record goes."""
+        fd = handle.fd
+        header, unsettled = self._unsettled(fd)
+        from_boot = header is not None and not header.legacy and \
+            header.boot == self.boot and header.applied >= HEADER.size
+        if from_boot:
+            handle.tail, handle.epoch = header.applied, header.epoch  # type: ignore
+            if not unsettled:
+                return  # the common case: everything is in place
+        # from the materialised offset on; after a reboot (or an upgrade), from the first
+        # record on: files written since the last checkpoint may have been lost
+        start = handle.tail if from_boot else HEADER.size
+        data = _read_all(fd, os.fstat(fd).st_size)
+        records, end = parse(data, start)
         for i, record in enumerate(records):
-            if record.offset < start and from_boot:
-                continue
             if record.external and not self.objects.pack_intact(record.pack):
                 # its commit's round of fsyncs never ended (a record is appended only
                 # after the one before is done): neither it nor anything after it was
@@ -427,12 +487,15 @@ class Journal:
                 records, end = records[:i], record.offset
                 break
             self._apply(record, recovering=True)
-        if end < size:  # a torn record at the end: it was never durable, nor reported
-            os.ftruncate(fd, end)
-        if not from_boot:  # after a reboot: make it all durable, then start afresh
-            self._checkpoint(fd, records)
-        else:
-            os.pwrite(fd, self._header(end), 0)
+        if not from_boot:  # after a reboot (or an upgrade): all durable, then afresh
+            self._checkpoint(handle, records, drop=header is None or header.legacy)
+            return
+        if at_record(data[end:end + RECORD.size], header):  # type: ignore[arg-type]
+            # a torn record (never durable, nor reported), or one whose pack is not
+            # whole: no reader may take it for a pending one
+            os.pwrite(fd, bytes(RECORD.size), end)
+        os.pwrite(fd, self._header(end, handle.epoch), 0)
+        handle.tail = end
 
     # ------------------------------------------------------------------ commit
     def commit(self, name: str, new: ObjectId, expected: object, reason: str,
@@ -483,8 +546,9 @@ class Journal:
             external = pack_fd is not None
             try:
                 record = encode(name, old, new, logs, file, [] if external else chunks,
-                                external)
-                end = (size := os.fstat(fd).st_size) + sum(len(part) for part in record)
+                                external, handle.epoch)
+                size = handle.tail
+                end = size + sum(len(part) for part in record)
                 before_append()
                 self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
                              if external else [])
@@ -522,9 +586,12 @@ class Journal:
             handle.owner = threading.get_ident()  # (its own reads must not wait for it)
         try:
             self._apply(record, recovering=False, sealed=sealed)
-            os.pwrite(handle.fd, self._header(record.end), 0)
+            os.pwrite(handle.fd, self._header(record.end, handle.epoch), 0)
+            handle.tail = record.end
             if record.end > JOURNAL_MAX:
-                self._checkpoint(handle.fd, parse(_read_all(handle.fd, record.end))[0])
+                self._checkpoint(handle, parse(_read_all(handle.fd, record.end))[0])
+            elif record.offset > HEADER.size:  # a second record: room for the next ones
+                self._make_room(handle.fd, record)
         except BaseException:  # noqa: BLE001 - re-applied (and reported) by the next holder
             handle.failed = True
         finally:
@@ -533,13 +600,11 @@ class Journal:
                 self._release(handle)
 
     def _append(self, fd: int, record: list, size: int, also: list | None = None) -> None:
-        """The commit point: the record written and fdatasynced (with `also`, fds or
-        paths, fsynced in the same round); on failure, taken back."""
+        """The commit point: the record written at `size` and fdatasynced (with `also`,
+        fds or paths, fsynced in the same round); on failure, taken back."""
         opened: list[int] = []
         try:
-            os.lseek(fd, size, os.SEEK_SET)
-            if os.writev(fd, record) != sum(len(part) for part in record):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a partial record
+            _pwrite_all(fd, record, size)
             if also:
                 opened = [os.open(p, os.O_RDONLY) for p in also if isinstance(p, str)]
                 _fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
@@ -552,10 +617,31 @@ class Journal:
             for f in opened:
                 os.close(f)
 
-    def _take_back(self, fd: int, size: int) -> None:
-        """Cut the journal back to `size` (the record failed: nothing was reported)."""
+    @staticmethod
+    def _take_back(fd: int, size: int) -> None:
+        """Invalidate a record written at `size` that failed (nothing was reported)."""
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, size)
+            os.pwrite(fd, bytes(RECORD.size), size)
+            os.fdatasync(fd)
+
+    @staticmethod
+    def _make_room(fd: int, record: Record) -> None:
+        """Zero-fill (and fsync) space after `record`, so that the next records overwrite
+        written space: their fdatasync then commits no file metadata. Once less than two
+        records like it fit, the file doubles (at least four such records ahead), up to
+        where records like it stop (a checkpoint follows the record that passes
+        JOURNAL_MAX). Only an optimisation: a failure (a full disk) is ignored."""
+        with contextlib.suppress(OSError):
+            size = os.fstat(fd).st_size
+            used = record.end - record.offset
+            if size - record.end >= 2 * used:
+                return
+            target = min(max(record.end + 4 * used, 2 * size, ROOM_MIN),
+                         JOURNAL_MAX + 2 * used + ROOM_MIN)
+            target = -(-target // ROOM_MIN) * ROOM_MIN
+            zeros = bytes(min(target - size, 1 << 20)) if target > size else b""
+            while size < target:
+                size += os.pwrite(fd, zeros[:target - size], size)
             os.fdatasync(fd)
 
     # ------------------------------------------------------------------ applying
@@ -605,13 +691,16 @@ class Journal:
         """Hold the journal, checkpointed, for a ref change made outside it (`RefStore.
         guard`): a replay must never undo that change, and no journaled commit (which
         takes no ref lock file) may run during it."""
-        with self.held() as fd:
-            size = os.fstat(fd).st_size
-            if size > HEADER.size:
-                self._checkpoint(fd, parse(_read_all(fd, size))[0])
+        with self.held() as handle:
+            if handle.tail > HEADER.size:
+                self._checkpoint(handle, parse(_read_all(handle.fd, handle.tail))[0])
             yield
 
-    def _checkpoint(self, fd: int, records: list[Record]) -> None:
+    def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False
+                    ) -> None:
+        """Make what `records` materialised durable, then start a new epoch at offset 64
+        (every record so far is stale). `drop`: also cut the file (a legacy journal's
+        records have no epoch), as where it grew past what the records use."""
         files: set[str] = set()
         dirs: set[str] = set()
         vrl = os.fspath(self.vrl_dir)
@@ -628,6 +717,7 @@ class Journal:
                     folder = os.path.dirname(folder)
         dirs.add(vrl)
         fds = []
+        fd = handle.fd
         try:
             for path in sorted(files | dirs):
                 with contextlib.suppress(FileNotFoundError):  # e.g. a pack merged since
@@ -640,13 +730,16 @@ class Journal:
         finally:
             for f in fds:
                 os.close(f)
+        epoch = int.from_bytes(os.urandom(8), "little")
         try:
-            os.ftruncate(fd, HEADER.size)
-            os.pwrite(fd, self._header(HEADER.size), 0)
+            if drop or os.fstat(fd).st_size > 2 * (JOURNAL_MAX + EXTERNAL_MIN + ROOM_MIN):
+                os.ftruncate(fd, HEADER.size)
+            os.pwrite(fd, self._header(HEADER.size, epoch), 0)
             os.fsync(fd)
         except OSError as exc:
             raise storage_error(exc, self.vrl_dir, "checkpointing the commit journal"
                                 ) from exc
+        handle.tail, handle.epoch = HEADER.size, epoch
 
     def recover(self) -> None:
         """At open: finish what a dead holder or a power cut left (cheap when nothing is)."""
@@ -665,7 +758,7 @@ def create_journal(vrl_dir: Path) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, HEADER.pack(MAGIC, (boot_id() or "").encode().ljust(40),
-                                     HEADER.size))
+                                     HEADER.size, int.from_bytes(os.urandom(8), "little")))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -673,6 +766,17 @@ def create_journal(vrl_dir: Path) -> None:
             os.link(tmp, path)
     finally:
         discard(Path(tmp))
+
+
+def _pwrite_all(fd: int, parts: list, offset: int) -> None:
+    """Write `parts` at `offset`, IOV_MAX parts per call (a record of many small objects
+    has more parts than one pwritev takes); a short write is a full disk."""
+    for i in range(0, len(parts), IOV_MAX):
+        batch = parts[i:i + IOV_MAX]
+        want = sum(len(part) for part in batch)
+        if os.pwritev(fd, batch, offset) != want:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        offset += want
 
 
 def _read_all(fd: int, size: int) -> bytes:

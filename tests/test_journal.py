@@ -493,3 +493,40 @@ def test_a_journal_of_the_format_before_epochs_is_replayed_and_converted(tmp_pat
     assert fresh.fsck()["ok"]
     again = fresh.commit(policy(2), env=False)
     assert [r.new for r in records(fresh)] == [again]
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_commit_after_another_process_moved_refs_reads_them_again(tmp_path, monkeypatch,
+                                                                   checkpointed):
+    """A commit reuses HEAD's target and its ref's value from this process's last commit
+    only while the journal says nothing changed since: another process's reset (outside
+    the journal), detached HEAD and commit (a record) are each seen by the next commit.
+    `checkpointed`: every commit of this process ends with a checkpoint, so the other
+    process changes refs while the journal holds no record."""
+    if checkpointed:
+        monkeypatch.setattr(journal, "JOURNAL_MAX", 0)
+    repo = Repo.init(tmp_path)
+    c0 = repo.commit(policy(0), env=False)
+    c1 = repo.commit(policy(1), env=False)
+
+    def other(code: str) -> str:
+        script = ("import sys, torch; from vrl import Repo; repo = Repo(sys.argv[1]); "
+                  "policy = lambda i: {'w': torch.full((4,), float(i))}; " + code)
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    other(f"repo.reset('{c0}')")  # main back to c0, outside the journal
+    c2 = repo.commit(policy(2), env=False)
+    assert repo.read_commit(c2).parents == (c0,)
+    c3 = other("print(repo.commit(policy(3), env=False))")  # a record of its own
+    c4 = repo.commit(policy(4), env=False)
+    assert repo.read_commit(c4).parents == (c3,) and repo.read_commit(c3).parents == (c2,)
+    other(f"repo.checkout('{c1}')")  # HEAD detached at c1
+    c5 = repo.commit(policy(5), env=False)
+    fresh = Repo(tmp_path)
+    assert fresh.read_commit(c5).parents == (c1,)
+    assert fresh.refs.read("HEAD") == c5 and fresh.refs.read("refs/heads/main") == c4
+    assert [e.new for e in fresh.refs.reflog("refs/heads/main")][:4] == [c4, c3, c2, c0]
+    assert fresh.fsck()["ok"]

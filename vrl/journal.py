@@ -145,6 +145,11 @@ class _Handle:
         # header is read when it is taken)
         self.tail = HEADER.size
         self.epoch = 0
+        # (epoch, tail, HEAD's target, {ref: value}) as this process's last commit left
+        # them: while the header still says (epoch, tail), no ref changed since - every
+        # ref change of a vrl process moves the tail (a record) or the epoch (`exclusive`)
+        # - and the next commit need not read HEAD and its ref again
+        self.seen: tuple[int, int, str | None, dict[str, str | None]] | None = None
 
 
 _HANDLES: dict[str, _Handle] = {}
@@ -518,11 +523,16 @@ class Journal:
         handed = False
         sealed = pack_fd = None
         try:
-            target = refs.head_target()  # (HEAD read once, under the lock)
+            seen = handle.seen
+            if seen is not None and seen[0] == handle.epoch and seen[1] == handle.tail:
+                target, values = seen[2], seen[3]
+            else:  # (HEAD read once, under the lock)
+                target, values = refs.head_target(), {}
             if name == "HEAD":
                 name = target or "HEAD"
             try:
-                old = refs.read_raw(name) if name == "HEAD" else refs.read(name)
+                old = values[name] if name in values else \
+                    refs.read_raw(name) if name == "HEAD" else refs.read(name)
             except RevisionError as exc:
                 raise RefConflictError(str(exc)) from None
             if old is not None and not is_object_id(old):  # HEAD holds a symbolic ref
@@ -559,11 +569,11 @@ class Journal:
                 raise
             done = Record(size, end, name, old, new, logs, file, chunks, external)
             if nested:
-                self._finish(handle, done, sealed)
+                self._finish(handle, done, sealed, target)
             else:  # the rest off the caller's path; the journal is handed over with it
                 handle.owner = BACKGROUND
                 job = handle.job = functools.partial(self._finish, handle, done, sealed,
-                                                     release=True)
+                                                     target, release=True)
                 handed = True
                 try:
                     handle.pending = thread_pool("vrl-journal", 1).submit(job)
@@ -578,12 +588,13 @@ class Journal:
         return old
 
     def _finish(self, handle: _Handle, record: Record, sealed: tuple | None,
-                release: bool = False) -> None:
+                target: str | None, release: bool = False) -> None:
         """Materialise a durable record (then mark it so in the header). A failure leaves
         it to the next holder of the journal, which re-applies it as after a crash: the
-        commit was reported, and stands."""
+        commit was reported, and stands. `target`: HEAD's branch as the commit read it."""
         if release:
             handle.owner = threading.get_ident()  # (its own reads must not wait for it)
+        handle.seen = None
         try:
             self._apply(record, recovering=False, sealed=sealed)
             os.pwrite(handle.fd, self._header(record.end, handle.epoch), 0)
@@ -592,6 +603,7 @@ class Journal:
                 self._checkpoint(handle, parse(_read_all(handle.fd, record.end))[0])
             elif record.offset > HEADER.size:  # a second record: room for the next ones
                 self._make_room(handle.fd, record)
+            handle.seen = (handle.epoch, handle.tail, target, {record.ref: record.new})
         except BaseException:  # noqa: BLE001 - re-applied (and reported) by the next holder
             handle.failed = True
         finally:
@@ -692,8 +704,16 @@ class Journal:
         guard`): a replay must never undo that change, and no journaled commit (which
         takes no ref lock file) may run during it."""
         with self.held() as handle:
+            handle.seen = None
             if handle.tail > HEADER.size:
                 self._checkpoint(handle, parse(_read_all(handle.fd, handle.tail))[0])
+            else:  # a new epoch all the same: it tells every process that refs change
+                handle.epoch = _new_epoch()  # (no fsync: there is no record to make stale)
+                try:
+                    os.pwrite(handle.fd, self._header(HEADER.size, handle.epoch), 0)
+                except OSError as exc:
+                    raise storage_error(exc, self.vrl_dir, "writing the commit journal"
+                                        ) from exc
             yield
 
     def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False
@@ -730,7 +750,7 @@ class Journal:
         finally:
             for f in fds:
                 os.close(f)
-        epoch = int.from_bytes(os.urandom(8), "little")
+        epoch = _new_epoch()
         try:
             if drop or os.fstat(fd).st_size > 2 * (JOURNAL_MAX + EXTERNAL_MIN + ROOM_MIN):
                 os.ftruncate(fd, HEADER.size)
@@ -758,7 +778,7 @@ def create_journal(vrl_dir: Path) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, HEADER.pack(MAGIC, (boot_id() or "").encode().ljust(40),
-                                     HEADER.size, int.from_bytes(os.urandom(8), "little")))
+                                     HEADER.size, _new_epoch()))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -766,6 +786,10 @@ def create_journal(vrl_dir: Path) -> None:
             os.link(tmp, path)
     finally:
         discard(Path(tmp))
+
+
+def _new_epoch() -> int:
+    return int.from_bytes(os.urandom(8), "little")
 
 
 def _pwrite_all(fd: int, parts: list, offset: int) -> None:

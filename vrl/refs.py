@@ -242,6 +242,10 @@ class RefStore:
         """The ref's content: an object id, `ref: refs/...` for a symbolic ref, or None."""
         if self.barrier is not None:
             self.barrier()
+        return self._read_file(name)
+
+    def _read_file(self, name: str) -> str | None:
+        """`read_raw` past the barrier."""
         try:
             # os-level reads: a ref is read several times per commit, and a Python file
             # object costs five more system calls than open, read, close
@@ -263,8 +267,10 @@ class RefStore:
 
     def read(self, name: str) -> ObjectId | None:
         """Resolve a ref (following HEAD's symbolic link) to an id, or None if unborn."""
+        if self.barrier is not None:
+            self.barrier()  # (once: a commit in the background is waited for as a whole)
         for _ in range(5):
-            raw = self.read_raw(name)
+            raw = self._read_file(name)
             if raw is None:
                 return None
             if raw.startswith("ref: "):

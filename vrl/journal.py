@@ -544,9 +544,9 @@ class Journal:
             if old is None and name != "HEAD":
                 refs.check_new(name)  # a new ref: no clash with a folder, its folders made
             # (as refs.logs_for: its own reflog, and HEAD's while HEAD is attached to it)
-            logs = [(log, refs.log_line(old, new, reason))
-                    for log in ([name, "HEAD"] if name != "HEAD" and target == name
-                                else [name])]
+            line = refs.log_line(old, new, reason)  # (one line, in each log)
+            logs = [(log, line) for log in ([name, "HEAD"] if name != "HEAD" and
+                                            target == name else [name])]
             sealed = self.objects.take_sealed()
             file, chunks, nbytes = sealed[:3] if sealed else (None, [], 0)
             # a big pack (4 MiB or more) is written once, to its own file, fsynced in the

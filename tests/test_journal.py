@@ -110,20 +110,29 @@ def test_a_commit_returns_before_its_files_and_every_reader_sees_it(tmp_path, mo
     assert_loads(Repo(tmp_path, verify=True), cid, state)
 
 
-def test_a_commit_made_while_the_interpreter_exits_is_written_out(tmp_path):
-    """An atexit handler (a Snapshotter's last flush) commits after the thread pools shut
-    down: the commit writes its own files out instead of handing them to a thread."""
+@pytest.mark.parametrize("when", ["returns", "exit-handler", "early-exit-handler"])
+def test_a_commit_made_as_the_interpreter_exits_is_written_out(tmp_path, when):
+    """A process that ends right after a commit (`returns`), or commits in an exit handler
+    (a Snapshotter's last flush) registered after vrl was imported or before (it then
+    runs after vrl's own, which finishes the queued write-outs): its files are all in
+    place when the process is gone, not left for the next one to replay."""
     Repo.init(tmp_path)
-    script = (
-        "import atexit, sys, torch\n"
-        "from vrl import Repo\n"
-        "repo = Repo(sys.argv[1])\n"
-        "atexit.register(lambda: print(repo.commit({'w': torch.ones(8)}, env=False)))\n")
+    commit = "print(Repo(sys.argv[1]).commit({'w': torch.ones(8)}, env=False))"
+    script = {
+        "returns": f"import sys, torch\nfrom vrl import Repo\n{commit}\n",
+        "exit-handler": "import atexit, sys, torch\nfrom vrl import Repo\n"
+                        f"atexit.register(lambda: {commit})\n",
+        "early-exit-handler": "import atexit, sys\n"
+                              "def flush():\n    import torch\n    from vrl import Repo\n"
+                              f"    {commit}\n"
+                              "atexit.register(flush)\nimport torch, vrl\n"}[when]
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     cid = out.stdout.strip()
     assert (tmp_path / ".vrl" / "refs" / "heads" / "main").read_text() == cid + "\n"
+    data = (tmp_path / ".vrl" / "journal").read_bytes()
+    assert journal.read_header(data).applied == journal.parse(data)[1]  # all written out
     assert Repo(tmp_path, verify=True).fsck()["ok"]
 
 

@@ -43,27 +43,26 @@ def records(repo: Repo) -> list[journal.Record]:
 
 
 def test_a_small_commit_is_one_fdatasync_written_in_place(tmp_path, monkeypatch):
-    """No fsync, one fdatasync, and from the third commit on the record overwrites space
-    the journal already has (zero-filled in the background after the second): the
-    fdatasync then commits no file metadata."""
+    """No fsync, one fdatasync, and the record overwrites room the journal already has
+    (zero-filled at init, and after a second record in the background): the fdatasync
+    then commits no file metadata. The first commit too."""
     repo = Repo.init(tmp_path)
-    repo.commit(policy(0), env=False)
-    repo.commit(policy(1), env=False)
-    repo.sync()
     path = repo.vrl_dir / "journal"
     size = path.stat().st_size
-    assert size > journal.read_header(path.read_bytes()).applied + 2 * 10_000  # room made
+    assert size >= journal.HEADER.size + journal.INIT_ROOM
     calls: list[str] = []
     for name in ("fsync", "fdatasync"):
         real = getattr(os, name)
         monkeypatch.setattr(os, name, lambda fd, n=name, r=real: (
             calls.append(f"{n} {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))}"),
             r(fd))[1])
-    cid = repo.commit(policy(2), env=False, message="third")
-    repo.journal.wait()  # (its files are written in the background)
+    for i in range(3):
+        calls.clear()
+        cid = repo.commit(policy(i), env=False, message=f"commit {i}")
+        repo.journal.wait()  # (its files are written in the background)
+        assert calls == ["fdatasync journal"]
+        assert path.stat().st_size == size  # written in place
     monkeypatch.undo()
-    assert calls == ["fdatasync journal"]
-    assert path.stat().st_size == size  # written in place
     (record,) = records(repo)[-1:]
     assert (record.ref, record.new) == ("refs/heads/main", cid)
     assert [log for log, _ in record.logs] == ["refs/heads/main", "HEAD"]
@@ -72,6 +71,23 @@ def test_a_small_commit_is_one_fdatasync_written_in_place(tmp_path, monkeypatch)
     fresh = Repo(tmp_path, verify=True)
     assert fresh.head() == cid and fresh.fsck()["ok"]
     assert fresh.refs.reflog("HEAD")[0].new == cid
+
+
+def test_room_is_made_ahead_of_records_that_outgrow_it(tmp_path, monkeypatch):
+    """Records bigger than the journal's room are appended; from the second on, the
+    write-out zero-fills room for the next ones (then written in place)."""
+    monkeypatch.setattr(journal, "INIT_ROOM", 0)
+    repo = Repo.init(tmp_path)
+    path = repo.vrl_dir / "journal"
+    sizes = []
+    for i in range(4):
+        repo.commit(policy(i), env=False)
+        repo.sync()
+        sizes.append(path.stat().st_size)
+    ends = [r.end for r in records(repo)]
+    assert sizes[0] == ends[0]  # appended, no room made after a first record
+    assert sizes[1] >= ends[1] + 2 * (ends[1] - ends[0])  # room for the next ones
+    assert sizes[3] == sizes[2] == sizes[1]  # written in place
 
 
 def test_a_commit_returns_before_its_files_and_every_reader_sees_it(tmp_path, monkeypatch):
@@ -283,7 +299,8 @@ def test_the_journal_is_checkpointed_when_it_grows(tmp_path, monkeypatch):
         sizes.append(path.stat().st_size)
         epochs.add(journal.read_header(path.read_bytes()).epoch)
     assert len(epochs) >= 3  # checkpointed at least twice
-    assert max(sizes) <= 40_000 + 2 * 16_000 + 2 * journal.ROOM_MIN
+    assert max(sizes) <= max(40_000 + 2 * 16_000 + 2 * journal.ROOM_MIN,
+                             journal.HEADER.size + journal.INIT_ROOM)
     monkeypatch.setattr(journal, "boot_id", lambda: "after-the-reboot")
     fresh = Repo(tmp_path, verify=True)  # a replay of the stale records would fail fsck
     assert fresh.head() == seen[-1] and fresh.fsck()["ok"]

@@ -90,6 +90,10 @@ LEGACY_MAGIC, LEGACY_RECORD, LEGACY_RECORD_MAGIC = b"vrljrnl1", struct.Struct("<
     b"VJR1"
 JOURNAL_MAX = 8 << 20  # checkpoint once the records pass this (bounds a replay, the file)
 ROOM_MIN = 64 << 10  # the least space a journal that takes a second record gets ahead
+# A new journal's room (written at `vrl init`, ~2 ms): a first commit of up to ~1 MiB - a
+# small policy's whole state - is written in place too, 0.4 ms sooner for 0.7 MB here
+# (as PostgreSQL zero-fills its WAL segments before use)
+INIT_ROOM = 1 << 20
 IOV_MAX = 512  # parts per pwritev (Linux allows 1024)
 # A pack this big is fsynced in its own file in the record's round instead of inside the
 # record (it would be written twice). Below it, the record is cheaper: one fdatasync of
@@ -765,15 +769,16 @@ class Journal:
 
 
 def create_journal(vrl_dir: Path) -> None:
-    """Write an empty journal (header fsynced, then linked into place: never half made;
-    an existing one is kept). The caller makes `vrl_dir`'s entry durable."""
+    """Write an empty journal with INIT_ROOM of zero-filled room (fsynced, then linked
+    into place: never half made; an existing one is kept). The caller makes `vrl_dir`'s
+    entry durable."""
     path = os.fspath(Path(vrl_dir) / "journal")
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(6).hex()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, HEADER.pack(MAGIC, (boot_id() or "").encode().ljust(40),
-                                     HEADER.size, _new_epoch()))
+                                     HEADER.size, _new_epoch()) + bytes(INIT_ROOM))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -181,14 +181,19 @@ def _close_released() -> None:
                 os.close(handle.fd)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps makes one per call)
+
+
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
-           pack: str | None, body: list, external: bool = False, epoch: int = 0) -> list:
-    """A record's bytes, in parts (written with pwritev: the body is not copied)."""
-    meta = json.dumps({"ref": ref, "old": old, "new": new, "pack": pack,
-                       "external": external,
-                       "logs": [[log, line.decode()] for log, line in logs]},
-                      separators=(",", ":")).encode()
-    size = sum(memoryview(part).nbytes for part in body)
+           pack: str | None, body: list, external: bool = False, epoch: int = 0,
+           size: int | None = None) -> list:
+    """A record's bytes, in parts (written with pwritev: the body is not copied); `size`:
+    the body's, where the caller knows it."""
+    meta = _JSON.encode({"ref": ref, "old": old, "new": new, "pack": pack,
+                         "external": external,
+                         "logs": [[log, line.decode()] for log, line in logs]}).encode()
+    if size is None:
+        size = sum(memoryview(part).nbytes for part in body)
     head = RECORD.pack(RECORD_MAGIC, len(meta), size, epoch, b"")[:-16]
     return [head + _digest(head, meta, *body), meta, *body]
 
@@ -556,11 +561,11 @@ class Journal:
             external = pack_fd is not None
             try:
                 record = encode(name, old, new, logs, file, [] if external else chunks,
-                                external, handle.epoch)
+                                external, handle.epoch, 0 if external else nbytes)
                 size = handle.tail
-                end = size + sum(len(part) for part in record)
+                end = size + RECORD.size + len(record[1]) + (0 if external else nbytes)
                 before_append()
-                self._append(fd, record, size, [pack_fd, self.objects._pack_dir]
+                self._append(fd, record, size, end - size, [pack_fd, self.objects._pack_dir]
                              if external else [])
             except BaseException:
                 if external:
@@ -610,12 +615,13 @@ class Journal:
                 if pending is not None:
                     pending.release()
 
-    def _append(self, fd: int, record: list, size: int, also: list | None = None) -> None:
-        """The commit point: the record written at `size` and fdatasynced (with `also`,
-        fds or paths, fsynced in the same round); on failure, taken back."""
+    def _append(self, fd: int, record: list, size: int, nbytes: int,
+                also: list | None = None) -> None:
+        """The commit point: the record (`nbytes`) written at `size` and fdatasynced (with
+        `also`, fds or paths, fsynced in the same round); on failure, taken back."""
         opened: list[int] = []
         try:
-            _pwrite_all(fd, record, size)
+            _pwrite_all(fd, record, size, nbytes)
             if also:
                 opened = [os.open(p, os.O_RDONLY) for p in also if isinstance(p, str)]
                 _fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
@@ -843,12 +849,14 @@ def _new_epoch() -> int:
     return int.from_bytes(os.urandom(8), "little")
 
 
-def _pwrite_all(fd: int, parts: list, offset: int) -> None:
-    """Write `parts` at `offset`, IOV_MAX parts per call (a record of many small objects
-    has more parts than one pwritev takes); a short write is a full disk."""
+def _pwrite_all(fd: int, parts: list, offset: int, nbytes: int) -> None:
+    """Write `parts` (`nbytes` in all) at `offset`, IOV_MAX parts per call (a record of
+    many small objects has more parts than one pwritev takes); a short write is a full
+    disk."""
     for i in range(0, len(parts), IOV_MAX):
         batch = parts[i:i + IOV_MAX]
-        want = sum(len(part) for part in batch)
+        want = nbytes if len(parts) <= IOV_MAX else \
+            sum(memoryview(part).nbytes for part in batch)
         if os.pwritev(fd, batch, offset) != want:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         offset += want

@@ -50,7 +50,7 @@ from vrl.objects import (
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
-from vrl.tensors import tensor_from_buffer
+from vrl.tensors import ViewMemo, tensor_from_buffer
 from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
@@ -182,6 +182,9 @@ class Repo(Maintenance, WorkspaceMixin):
         # name -> the entry the last snapshot made for it: an unchanged tensor's entry is
         # that same object, whose manifest text (vrl.objects) is then already written
         self._entries: dict[str, TensorEntry] = {}
+        # where the tensors of the last snapshot were (vrl.tensors.ViewMemo): the next one
+        # finds the same tensors' bytes with a few attribute reads each, and reads them all
+        self._views = ViewMemo()
         # id -> the bytes a commit in progress just hashed: its layer statistics read the
         # new tensors from memory (their files may still be in flight) instead of mapping
         # them back from the store
@@ -527,14 +530,16 @@ class Repo(Maintenance, WorkspaceMixin):
         write=False nothing is stored (used to compare a workspace file with HEAD).
         `rehash` is accepted for compatibility and ignored: every byte is always read.
         """
+        views = None
         if isinstance(state, FlatState):
             tensors, tree, ties = state
         else:
             from vrl.tensors import flatten, to_state
 
-            tensors, tree, ties = flatten(to_state(state))
+            tensors, tree, ties = flatten(to_state(state), self._views)
+            views = self._views.now
         with self.objects.batch():
-            entries, new_ids = self._store_tensors(tensors, ties, write)
+            entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
                 if isinstance(state, SafetensorsFile) else None
             manifest = Manifest(entries, tree, layout)
@@ -573,12 +578,15 @@ class Repo(Maintenance, WorkspaceMixin):
             new_ids.add(hid)
         return FileLayout("safetensors", TensorEntry(hid, "uint8", (len(head),), len(head)))
 
-    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], write: bool
+    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], write: bool,
+                       views: dict[str, Any] | None = None
                        ) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
         """Hash and store each tensor. Exact: every byte is read on every commit; a fast
         xxh3-128 of the bytes recognises content this process stored before, which then
         needs neither the blake3 hash nor a write. A `TensorEntry` value is an object the
-        caller knows is stored (the Snapshotter's committer, for unchanged tensors)."""
+        caller knows is stored (the Snapshotter's committer, for unchanged tensors).
+        `views`: `ViewMemo.now` of the flatten that made `tensors` (their bytes' views)."""
+        views = views or {}
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
         digests: dict[str, bytes] = {}
@@ -603,7 +611,10 @@ class Repo(Maintenance, WorkspaceMixin):
                                               "snapshot sends it again")
                 entries[name] = value
                 continue
-            if isinstance(value, RawTensor):
+            viewed = views.get(name)
+            if viewed is not None and viewed.tensor is value:  # (flatten vouched for it)
+                buf, dtype, shape = viewed.view, viewed.dtype, viewed.shape
+            elif isinstance(value, RawTensor):
                 buf, dtype, shape = value.data, value.dtype, value.shape
             else:
                 buf, dtype, shape, _keep = tensor_bytes(value)

@@ -836,6 +836,19 @@ class FileObjectStore(ObjectStore):
         self._sealed = None
         self._staged = {}
 
+    def reseal(self, drop: ObjectId, kind: str, payload: bytes) -> ObjectId | None:
+        """Swap object `drop` of the sealed batch's pack, not handed to the journal yet,
+        for a new one (a commit object re-parented before anything was written: the
+        stale one would be left behind naming a parent that may be gone); return the new
+        id, or None (nothing changed) if `drop` is not in such a pack."""
+        if self._sealed is None or drop not in self._staged:
+            return None
+        oid = hash_object(kind, payload)
+        staged = {k: v for k, v in self._staged.items() if k != drop}
+        staged[oid] = header(kind, len(payload)) + payload
+        self._staged, self._sealed = staged, pack.build(staged.items())
+        return oid
+
     def place_pack(self, file: str, chunks: Iterable[bytes | memoryview],
                    keep_open: bool = False) -> int | None:
         """Write a pack file by temp file and rename (its name appears only once it is

@@ -185,6 +185,10 @@ class Repo(Maintenance, WorkspaceMixin):
         # where the tensors of the last snapshot were (vrl.tensors.ViewMemo): the next one
         # finds the same tensors' bytes with a few attribute reads each, and reads them all
         self._views = ViewMemo()
+        # (ref, id) of this object's last commit, and whether the next commit on that ref
+        # may take it as its parent without reading the ref (see commit)
+        self._last: tuple[str, ObjectId] | None = None
+        self._trusted = False
         # id -> the bytes a commit in progress just hashed: its layer statistics read the
         # new tensors from memory (their files may still be in flight) instead of mapping
         # them back from the store
@@ -717,9 +721,22 @@ class Repo(Maintenance, WorkspaceMixin):
                 return stats
 
             # the statistics against the expected parent are computed from memory while
-            # the big tensors' writes and fsyncs are still in flight
-            expected = self.refs.read(ref)
-            early = layer_stats(expected)
+            # the big tensors' writes and fsyncs are still in flight. The parent is this
+            # object's own last commit on `ref` while nothing else was seen to move it
+            # (a training loop's commits), else read: the compare-and-swap decides either
+            # way, and a stale guess costs one more round (see _commit_loop)
+            guessed = self._journaled and self._trusted and self._last is not None and \
+                self._last[0] == ref
+            expected = self._last[1] if guessed else self.refs.read(ref)  # type: ignore
+            try:
+                early = layer_stats(expected)
+            except VrlError:
+                if not guessed:
+                    raise
+                # the guess is stale (its tensors collected meanwhile): read the parent
+                guessed = self._trusted = False
+                expected = self.refs.read(ref)
+                early = layer_stats(expected)
             env_info = env if isinstance(env, dict) else \
                 (envinfo.capture(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
@@ -731,7 +748,7 @@ class Repo(Maintenance, WorkspaceMixin):
 
             try:
                 return self._commit_loop(ref, mid, manifest, allow_empty, layer_stats,
-                                         (expected, early), batch, objects_ready,
+                                         (expected, early, guessed), batch, objects_ready,
                                          message=message, author=author, time=time,
                                          hparams=hparams, metrics=metrics,
                                          env_info=env_info, step=step, meta=meta)
@@ -742,19 +759,27 @@ class Repo(Maintenance, WorkspaceMixin):
 
     def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
                      layer_stats: Callable[[ObjectId | None], dict[str, Any]],
-                     early: tuple[ObjectId | None, dict[str, Any]],
+                     early: tuple[ObjectId | None, dict[str, Any], bool],
                      batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
                      **fields: Any) -> ObjectId:
         """Write the commit object and move the ref, re-parenting after a lost
         compare-and-swap (see `commit`). `early`: the statistics already computed against
-        the parent expected then; another parent gets `layer_stats(parent)`."""
+        the parent expected then, and whether that parent was guessed (this object's last
+        commit) rather than read; another parent gets `layer_stats(parent)`."""
         message = fields["message"]
         attempt = 0
+        first, guessed = True, early[2]
+        stale = None  # the commit object made on a stale guess (taken out of the pack)
         while True:
-            # the parent the statistics were computed against, read moments ago: re-read
-            # only after a lost compare-and-swap (the swap itself checks it, under the lock)
-            parent = self.refs.read(ref) if attempt else early[0]
+            # the parent the statistics were computed against, read (or guessed) moments
+            # ago: re-read only after a lost compare-and-swap (the swap itself checks it,
+            # under the lock)
+            parent = early[0] if first else self.refs.read(ref)
+            first = False
             if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                if guessed and self.refs.read(ref) != parent:
+                    guessed = self._trusted = False  # moved meanwhile: commit onto it
+                    continue
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                      f"({parent[:12]}); use --allow-empty to commit "
                                      "anyway")
@@ -765,7 +790,9 @@ class Repo(Maintenance, WorkspaceMixin):
                             hparams=fields["hparams"] or {},
                             metrics=fields["metrics"] or {}, env=fields["env_info"],
                             step=fields["step"], stats=stats, meta=fields["meta"] or {})
-            cid = self.objects.write("commit", commit.to_bytes())
+            payload = commit.to_bytes()
+            cid = (stale and self.objects.reseal(stale, "commit", payload)) or \
+                self.objects.write("commit", payload)
             self._commits[cid] = commit
             batch.close()  # starts the pack's write (first attempt only; later a no-op)
             reason = f"commit: {message.splitlines()[0] if message else ''}"
@@ -777,6 +804,10 @@ class Repo(Maintenance, WorkspaceMixin):
                     self.refs.update(ref, cid, expected=parent, reason=reason,
                                      durable_first=objects_ready)
             except RefConflictError:
+                if guessed:  # the guessed parent was stale: read it, and retry at once
+                    guessed = self._trusted = False
+                    stale = cid
+                    continue
                 # Lost the compare-and-swap: another commit landed on the ref, which
                 # is progress, so re-parent onto it and try again (as long as others
                 # make progress, someone wins every round; the jittered backoff
@@ -788,6 +819,11 @@ class Repo(Maintenance, WorkspaceMixin):
                 attempt += 1
                 _backoff(attempt)
                 continue
+            # the next commit on `ref` guesses its parent (this one) if nothing else moved
+            # the ref since this object's last commit: a guess that held, or a parent read
+            # that was that commit
+            self._trusted = guessed or self._last == (ref, parent)
+            self._last = (ref, cid)
             try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
                 if self.objects.merge_due():
                     self.sync()  # this commit's pack in place first (see Journal.commit)
@@ -873,6 +909,7 @@ class Repo(Maintenance, WorkspaceMixin):
         if model is not None or optimizer is not None:
             load_into(self.load(oid), model, optimizer)
         self.ensure_restorable(oid, "check out")
+        self._trusted = False  # (HEAD moves: the next commit reads where to)
         if create_branch:
             self.branch(create_branch, oid)
             self.refs.set_head(f"refs/heads/{create_branch}",
@@ -900,6 +937,7 @@ class Repo(Maintenance, WorkspaceMixin):
         self.ensure_restorable(oid, "reset to", keep=branch is not None)
         if workspace:
             self.write_workspace(oid)
+        self._trusted = False
         old = self.refs.update("HEAD", oid, reason=f"reset: moving to {rev}")
         return old, oid
 
@@ -969,6 +1007,7 @@ class Repo(Maintenance, WorkspaceMixin):
             raise RefConflictError(self.refs.problem(ref) or f"branch {name!r} already "
                                    "exists; use another name or --force")
         self.ensure_restorable(oid, "branch", keep=True)
+        self._trusted = False
         try:
             self.refs.update(ref, oid, expected=ANY if force else None,
                              reason=f"branch: created from {rev}")
@@ -995,6 +1034,7 @@ class Repo(Maintenance, WorkspaceMixin):
             raise RefConflictError(self.refs.problem(ref) or f"tag {name!r} already exists; "
                                    "use --force to move it")
         self.ensure_restorable(oid, "tag", keep=True)
+        self._trusted = False
         try:
             self.refs.update(ref, oid, expected=ANY if force else None, reason=f"tag: {rev}")
         except RefConflictError:
@@ -1010,6 +1050,7 @@ class Repo(Maintenance, WorkspaceMixin):
         return self._delete_ref(f"refs/tags/{name}", f"tag {name!r}", "tag: deleted")
 
     def _delete_ref(self, ref: str, what: str, reason: str) -> ObjectId | None:
+        self._trusted = False
         damaged = self.refs.problem(ref) is not None
         old = None if damaged else self.refs.read(ref)
         if old is None and not damaged:

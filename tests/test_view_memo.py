@@ -152,3 +152,24 @@ def test_a_tensor_grown_in_place_is_committed_whole(repo):
     w.set_(torch.ones(3).untyped_storage())  # re-pointed at other memory
     repo.commit(state, env=False)
     assert repo.load()["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_the_short_way_for_a_flat_dict_follows_its_keys_and_values():
+    memo = ViewMemo()
+    w, b = torch.randn(3), torch.randn(2)
+    states = [{"w": w, "b": b}, {"w": w, "b": b}, {"b": b, "w": w},  # another order
+              {"w": w, "b": b, "lr": 0.1},  # a value that is no tensor
+              {"w": w, "b": b}, {"w": w, "b": b.numpy()},  # an array
+              {"w": w, "b": b}, {"w": w, "b": w},  # tied
+              {"w": w, "b": w.detach()}, {"w": w, "": b}, {"w": w, "tensor": b, "": b},
+              {"w": torch.randn(3).to_sparse(), "b": b}]
+    for state in states:
+        try:
+            expected = flatten(state)
+        except Exception as exc:  # (the sparse tensor: refused either way)
+            with pytest.raises(type(exc)):
+                flatten(state, memo)
+            continue
+        got = flatten(state, memo)
+        assert got == expected and repr(got[1]) == repr(expected[1])
+        assert [k for k in got[0]] == [k for k in expected[0]]

@@ -261,6 +261,8 @@ class FileObjectStore(ObjectStore):
         # so in the background): read from memory meanwhile
         self._landing: dict[ObjectId, bytes] = {}
         self._pack_sizes: dict[str, int] = {}  # pack file name -> size (for consolidate)
+        # (the packs, their names by size class) as `_due` last worked them out
+        self._classes: tuple[tuple[str, ...], tuple[list[str], list[str]]] | None = None
         # waits for that placing (installed by the repository: the journal's `wait`)
         self.barrier: Callable[[], None] | None = None
 
@@ -1159,19 +1161,30 @@ class FileObjectStore(ObjectStore):
         `landing` bytes about to be placed), or None."""
         if len(self._packs) + (landing is not None) < AUTO_MERGE:
             return None  # the common case: not even a look at sizes
-        if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
-            self._pack_sizes = {n: v for n, v in self._pack_sizes.items() if n in self._packs}
-        classes: tuple[list[str], list[str]] = ([], [])
-        for name in sorted(self._packs):
-            size = self._pack_sizes.get(name)
-            if size is None:  # (a pack file never changes: its size is looked up once)
-                try:
-                    size = self._pack_sizes[name] = \
-                        os.stat(f"{self._pack_dir}/{name}").st_size
-                except FileNotFoundError:
-                    continue
-            if size < MERGED_MAX:
-                classes[size >= FRESH_MAX].append(name)
+        # the packs' size classes, worked out again only when the packs change (every
+        # commit asks; a pack file never changes, and its size is looked up once)
+        packs = tuple(self._packs)
+        cached = self._classes
+        if cached is not None and cached[0] == packs:
+            classes = ([*cached[1][0]], [*cached[1][1]])
+        else:
+            if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
+                self._pack_sizes = {n: v for n, v in self._pack_sizes.items()
+                                    if n in self._packs}
+            classes = ([], [])
+            complete = True
+            for name in sorted(packs):
+                size = self._pack_sizes.get(name)
+                if size is None:
+                    try:
+                        size = self._pack_sizes[name] = \
+                            os.stat(f"{self._pack_dir}/{name}").st_size
+                    except FileNotFoundError:
+                        complete = False  # (gone meanwhile: looked at again next time)
+                        continue
+                if size < MERGED_MAX:
+                    classes[size >= FRESH_MAX].append(name)
+            self._classes = (packs, ([*classes[0]], [*classes[1]])) if complete else None
         if landing is not None and landing < MERGED_MAX:
             classes[landing >= FRESH_MAX].append("")
         return next((names for names in classes if len(names) >= AUTO_MERGE), None)

@@ -330,6 +330,9 @@ class Manifest:
     tensors: dict[str, TensorEntry]
     tree: Any  # JSON skeleton; see vrl.tensors for the encoding
     layout: FileLayout | None = None  # absent for snapshots committed from memory
+    # the tree's canonical JSON where known already (vrl.tensors.ViewMemo keeps it for a
+    # skeleton it hands out again); worked out by the first `to_bytes` otherwise
+    tree_text: str | None = field(default=None, compare=False, repr=False)
 
     def to_bytes(self) -> bytes:
         tree = self._tree_json()
@@ -353,6 +356,8 @@ class Manifest:
         {"tree": ...}). Each level of nesting opens a bracket, so their count bounds the
         depth: one scan of the text in C, the walk of the tree only where that is not
         enough (a deep tree is refused before any error of its encoding is reported)."""
+        if self.tree_text is not None:
+            return self.tree_text
         limit = MAX_TREE_DEPTH - 2
         try:
             text = _CANONICAL.encode(self.tree)
@@ -365,6 +370,7 @@ class Manifest:
                                     "most); flatten it")
             if text is None:
                 text = _CANONICAL.encode(self.tree)  # raises its error again
+        object.__setattr__(self, "tree_text", text)  # (a cache: the tree never changes)
         return text
 
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import math
 import mmap
 import os
@@ -78,7 +79,10 @@ class _Bounded(dict):
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
         if len(self) > self.limit:
-            del self[next(iter(self))]
+            # the oldest quarter at once: one at a time, each look for the oldest walks
+            # past the holes every earlier deletion left at the front of the dict
+            for old in list(itertools.islice(self, len(self) - self.limit * 3 // 4)):
+                del self[old]
 
 
 def _xxh3_128() -> Callable[[Any], bytes]:
@@ -546,8 +550,12 @@ class Repo(Maintenance, WorkspaceMixin):
             entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
                 if isinstance(state, SafetensorsFile) else None
-            manifest = Manifest(entries, tree, layout)
+            memo = self._views  # (its skeleton again: its text is known)
+            again = memo.tree is not None and tree is memo.tree
+            manifest = Manifest(entries, tree, layout, memo.tree_text if again else None)
             payload = manifest.to_bytes()
+            if again:
+                memo.tree_text = manifest.tree_text
             mid = hash_object("manifest", payload)
             if write:
                 if self.objects.put("manifest", payload, mid):

@@ -86,11 +86,17 @@ class ViewMemo:
     as it is (a contiguous CPU tensor of a dtype numpy knows): `record.view`, `.dtype`
     and `.shape` are `tensor_bytes`' first three values for it."""
 
-    __slots__ = ("last", "now")
+    __slots__ = ("last", "now", "keys", "tree", "tree_text")
 
     def __init__(self) -> None:
         self.last: dict[str, _Viewed] = {}
         self.now: dict[str, _Viewed] = {}
+        # a flat state dict of tensors (str keys, each its tensor's name) split last: its
+        # keys and skeleton, and the skeleton's JSON text once a manifest wrote it. The
+        # same keys again give this same skeleton object (never changed once made).
+        self.keys: tuple[str, ...] | None = None
+        self.tree: Any = None
+        self.tree_text: str | None = None
 
 
 class _Viewed(NamedTuple):
@@ -138,6 +144,32 @@ def _viewed(value: Any, key: tuple) -> _Viewed | None:
                    value.stride(), value.dtype, key, view, name, tuple(value.shape))
 
 
+def _split_again(obj: dict, memo: ViewMemo, plain: tuple, strided: Any
+                 ) -> tuple[dict[str, Any], Any, dict[str, str]] | None:
+    """`flatten(obj)` of a flat state dict with the keys of the last one split, each
+    holding the memory it held then (see ViewMemo); None where that is not so."""
+    if tuple(obj) != memo.keys:
+        return None
+    last, now = memo.last, {}
+    seen: dict[tuple, str] = {}
+    ties: dict[str, str] = {}
+    for name, value in obj.items():
+        rec = last[name]
+        if type(value) not in plain or not (rec.tensor is value or value.layout == strided) \
+                or not _same_memory(value, rec):
+            return None
+        if rec.tensor is not value:
+            rec = rec._replace(tensor=value)
+        now[name] = rec
+        key = rec.key
+        if key in seen:
+            ties[name] = seen[key]
+        else:
+            seen[key] = name
+    memo.last = memo.now = now
+    return dict(obj), memo.tree, ties
+
+
 def flatten(obj: Any, memo: ViewMemo | None = None
             ) -> tuple[dict[str, Any], Any, dict[str, str]]:
     """Split a checkpoint into {name: tensor/ndarray}, a JSON skeleton and {name: tied-to}.
@@ -155,6 +187,10 @@ def flatten(obj: Any, memo: ViewMemo | None = None
     plain = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
     last = now = None
     if memo is not None:
+        if memo.keys is not None and type(obj) is dict:
+            again = _split_again(obj, memo, plain, strided)
+            if again is not None:
+                return again
         last, now = memo.last, {}
 
     # A path is the names from the top joined by SEP, built as the walk descends (None at
@@ -251,6 +287,12 @@ def flatten(obj: Any, memo: ViewMemo | None = None
     tree = enc(obj, None)
     if memo is not None:
         memo.last = memo.now = now  # type: ignore[assignment]
+        # a flat dict of tensors, each named by its key: the next split of the same keys
+        # may take the short way (_split_again)
+        flat = type(obj) is dict and len(now) == len(obj) == len(tensors) and \
+            all(type(k) is str and k in now for k in obj)  # type: ignore[operator]
+        memo.keys, memo.tree, memo.tree_text = (tuple(obj), tree, None) if flat else \
+            (None, None, None)
     return tensors, tree, ties
 
 

@@ -1,0 +1,79 @@
+"""Small shortcuts of every commit against their plain definitions: the time text, the
+bounded metadata caches, the packs' size classes that decide an automatic merge."""
+
+import datetime
+import os
+import random
+
+import torch
+
+from vrl import Repo
+from vrl import object_store as store_module
+from vrl import refs as refs_module
+from vrl.repo import _Bounded
+
+
+def test_utc_now_is_the_iso_text_of_the_clock(monkeypatch):
+    rng = random.Random(0)
+    clock = [0]
+    monkeypatch.setattr(refs_module.time, "time_ns", lambda: clock[0])
+    start = 1_700_000_000 * 10**9
+    times = [start + rng.randrange(0, 10**9) for _ in range(50)]  # within one second
+    times += [start + rng.randrange(0, 400 * 86400 * 10**9) for _ in range(300)]
+    times += [start + 10**9 - 1, start + 10**9, start + 10**9 + 1, 0, 951782400 * 10**9]
+    for ns in times:
+        clock[0] = ns
+        when = datetime.datetime.fromtimestamp(ns // 1000 / 1e6, datetime.timezone.utc)
+        micros = ns // 1000 % 1_000_000
+        assert refs_module.utc_now() == when.strftime("%Y-%m-%dT%H:%M:%S.") + \
+            f"{micros:06d}Z"
+
+
+def test_a_bounded_cache_keeps_the_newest_and_at_most_its_limit():
+    cache = _Bounded(64)
+    for i in range(1000):
+        cache[i] = str(i)
+        assert len(cache) <= 64
+        assert cache[i] == str(i) and i - 1 not in cache or cache.get(i - 1) == str(i - 1)
+    kept = sorted(cache)
+    assert kept == list(range(1000 - len(kept), 1000)) and len(kept) >= 48
+
+
+def _due_reference(objects, landing=None):
+    """FileObjectStore._due as defined before its size classes were kept."""
+    classes = ([], [])
+    for name in sorted(objects._packs):
+        try:
+            size = os.stat(f"{objects._pack_dir}/{name}").st_size
+        except FileNotFoundError:
+            continue
+        if size < store_module.MERGED_MAX:
+            classes[size >= store_module.FRESH_MAX].append(name)
+    if landing is not None and landing < store_module.MERGED_MAX:
+        classes[landing >= store_module.FRESH_MAX].append("")
+    if len(objects._packs) + (landing is not None) < store_module.AUTO_MERGE:
+        return None
+    return next((names for names in classes if len(names) >= store_module.AUTO_MERGE), None)
+
+
+def test_the_kept_size_classes_decide_as_a_fresh_look(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "AUTO_MERGE", 4)
+    monkeypatch.setattr(store_module, "FRESH_MAX", 3000)
+    repo = Repo.init(tmp_path)
+    rng = random.Random(1)
+    state = {"a.w": torch.zeros(16), "b.w": torch.zeros(1024)}
+    for _ in range(40):
+        state["a.w"].add_(1.0)
+        if rng.random() < 0.3:
+            state["b.w"].add_(1.0)  # a bigger pack: the other size class
+        repo.commit(state, env=False)
+        repo.sync()
+        objects = repo.objects
+        for landing in (None, 100, 5000, store_module.MERGED_MAX):
+            assert objects._due(landing) == _due_reference(objects, landing)
+        if rng.random() < 0.2:
+            objects.consolidate()  # packs go away and a merged one appears
+            assert objects._due() == _due_reference(objects)
+    other = Repo(tmp_path)  # (a fresh look from another object agrees too)
+    other.objects._refresh()
+    assert other.objects._due() == _due_reference(other.objects)

@@ -74,6 +74,10 @@ def test_the_kept_size_classes_decide_as_a_fresh_look(tmp_path, monkeypatch):
         if rng.random() < 0.2:
             objects.consolidate()  # packs go away and a merged one appears
             assert objects._due() == _due_reference(objects)
+        elif rng.random() < 0.2:  # merged by another object: files gone under our tables
+            Repo(tmp_path).objects.consolidate()
+            for landing in (None, 100):
+                assert objects._due(landing) == _due_reference(objects, landing)
     other = Repo(tmp_path)  # (a fresh look from another object agrees too)
     other.objects._refresh()
     assert other.objects._due() == _due_reference(other.objects)

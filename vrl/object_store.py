@@ -261,7 +261,7 @@ class FileObjectStore(ObjectStore):
         # so in the background): read from memory meanwhile
         self._landing: dict[ObjectId, bytes] = {}
         self._pack_sizes: dict[str, int] = {}  # pack file name -> size (for consolidate)
-        # (the packs, their names by size class) as `_due` last worked them out
+        # (the packs looked at, their names by size class) as `_due` last worked them out
         self._classes: tuple[tuple[str, ...], tuple[list[str], list[str]]] | None = None
         # waits for that placing (installed by the repository: the journal's `wait`)
         self.barrier: Callable[[], None] | None = None
@@ -1161,33 +1161,38 @@ class FileObjectStore(ObjectStore):
         `landing` bytes about to be placed), or None."""
         if len(self._packs) + (landing is not None) < AUTO_MERGE:
             return None  # the common case: not even a look at sizes
-        # the packs' size classes, worked out again only when the packs change (every
-        # commit asks; a pack file never changes, and its size is looked up once)
-        packs = tuple(self._packs)
+        # the packs' size classes, kept from the last look and extended by the packs
+        # added since (every commit asks, and adds one); worked out afresh when one went
+        packs = tuple(self._packs)  # (in the order they came: a new one is appended)
         cached = self._classes
-        if cached is not None and cached[0] == packs:
-            classes = ([*cached[1][0]], [*cached[1][1]])
+        if cached is not None and packs[:len(cached[0])] == cached[0]:
+            classes, added = cached[1], packs[len(cached[0]):]
         else:
             if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
                 self._pack_sizes = {n: v for n, v in self._pack_sizes.items()
                                     if n in self._packs}
-            classes = ([], [])
-            complete = True
-            for name in sorted(packs):
+            classes, added = ([], []), packs
+        if added:
+            classes = ([*classes[0]], [*classes[1]])
+            gone = False
+            for name in added:
                 size = self._pack_sizes.get(name)
-                if size is None:
+                if size is None:  # (a pack file never changes: its size is looked up once)
                     try:
                         size = self._pack_sizes[name] = \
                             os.stat(f"{self._pack_dir}/{name}").st_size
                     except FileNotFoundError:
-                        complete = False  # (gone meanwhile: looked at again next time)
+                        gone = True  # (the tables are behind: a fresh look next time)
                         continue
                 if size < MERGED_MAX:
                     classes[size >= FRESH_MAX].append(name)
-            self._classes = (packs, ([*classes[0]], [*classes[1]])) if complete else None
-        if landing is not None and landing < MERGED_MAX:
-            classes[landing >= FRESH_MAX].append("")
-        return next((names for names in classes if len(names) >= AUTO_MERGE), None)
+            self._classes = None if gone else (packs, classes)
+        extra = landing >= FRESH_MAX if landing is not None and landing < MERGED_MAX \
+            else None
+        for kind, names in enumerate(classes):
+            if len(names) + (extra == kind) >= AUTO_MERGE:
+                return sorted(names) + ([""] if extra == kind else [])
+        return None
 
     def _merge(self, packs: list[str], loose: list[ObjectId]) -> tuple[int, int]:
         objects: dict[ObjectId, bytes] = {}

@@ -173,3 +173,15 @@ def test_the_short_way_for_a_flat_dict_follows_its_keys_and_values():
         got = flatten(state, memo)
         assert got == expected and repr(got[1]) == repr(expected[1])
         assert [k for k in got[0]] == [k for k in expected[0]]
+
+
+def test_the_memo_keeps_only_small_tensors_alive(monkeypatch):
+    import vrl.tensors as tensors_module
+
+    monkeypatch.setattr(tensors_module, "MEMO_BYTES", 100)
+    memo = ViewMemo()
+    state = {"big": torch.zeros((1 << 20) // 4 + 1), "a": torch.zeros(16), "b": torch.zeros(16),
+             "c": torch.zeros(16)}
+    _check(state, memo)
+    assert set(memo.now) == {"a", "b"}  # over the size limit; then over the byte budget
+    _check(state, memo)

@@ -75,6 +75,13 @@ def to_state(obj: Any) -> Any:
     return obj
 
 
+# The memo keeps the tensors it describes alive (its views hold them) until the next
+# split: only small ones (where the attribute reads it saves are a cost worth saving,
+# next to reading the bytes) and this many bytes of them at most
+MEMO_TENSOR_MAX = 1 << 20
+MEMO_BYTES = 32 << 20
+
+
 class ViewMemo:
     """What `flatten` learnt about each torch tensor of the last checkpoint it split, by
     name, so the next split of the same tensors (every commit of a training run) costs a
@@ -131,7 +138,7 @@ def _viewed(value: Any, key: tuple) -> _Viewed | None:
             value.is_neg() or not value.is_contiguous():
         return None
     name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
-    if name is None:
+    if name is None or value.nbytes > MEMO_TENSOR_MAX:
         return None
     try:
         # (as tensor_bytes reads it: a tensor that needs grad through its detached view,
@@ -186,6 +193,7 @@ def flatten(obj: Any, memo: ViewMemo | None = None
     strided = torch.strided if torch is not None else None
     plain = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
     last = now = None
+    memo_left = [MEMO_BYTES]  # what the memo may still keep alive
     if memo is not None:
         if memo.keys is not None and type(obj) is dict:
             again = _split_again(obj, memo, plain, strided)
@@ -231,8 +239,10 @@ def flatten(obj: Any, memo: ViewMemo | None = None
                 key = ("cpu" if value.is_cpu else value.device.type,
                        value.untyped_storage().data_ptr(), value.storage_offset(),
                        tuple(value.shape), value.stride(), value.dtype)
-                if now is not None and (rec := _viewed(value, key)) is not None:
+                if now is not None and memo_left[0] > 0 and \
+                        (rec := _viewed(value, key)) is not None:
                     now[name] = rec
+                    memo_left[0] -= rec.view.nbytes  # type: ignore[union-attr]
                 if key in seen:
                     ties[name] = seen[key]
                 else:

@@ -81,3 +81,24 @@ def test_the_kept_size_classes_decide_as_a_fresh_look(tmp_path, monkeypatch):
     other = Repo(tmp_path)  # (a fresh look from another object agrees too)
     other.objects._refresh()
     assert other.objects._due() == _due_reference(other.objects)
+
+
+def test_a_packs_size_follows_from_its_layout(tmp_path):
+    from vrl import pack
+
+    rng = random.Random(2)
+    for n in [0, 1, 2, 5, 40]:
+        objects = []
+        for _ in range(n):
+            payload = os.urandom(rng.choice([0, 1, 63, 64, 65, 1000, 5000]))
+            raw = store_module.header("tensor", len(payload)) + payload
+            objects.append((store_module.hash_object("tensor", payload), raw))
+        name, chunks, entries = pack.build(objects)
+        assert pack.file_size(entries) == sum(memoryview(c).nbytes for c in chunks)
+    repo = Repo.init(tmp_path)
+    for i in range(3):
+        repo.commit({"w": torch.full((64,), float(i)), "b": torch.zeros(3)}, env=False)
+    repo.sync()
+    for name, size in repo.objects._pack_sizes.items():
+        assert size == os.stat(f"{repo.objects._pack_dir}/{name}").st_size
+    assert repo.objects._pack_sizes

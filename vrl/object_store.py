@@ -895,11 +895,13 @@ class FileObjectStore(ObjectStore):
         return file, entries
 
     def _register_pack(self, file: str, entries: pack.Entries) -> None:
+        """Index a pack this process wrote (laid out by `pack.build`: its size follows)."""
         with self._lock:
             self._bad_packs.pop(file, None)
             if file not in self._packs:
                 self._packs[file] = entries
                 self._index_pack(file)
+                self._pack_sizes[file] = pack.file_size(entries)  # (no stat for `_due`)
 
     def write_pack(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]) -> str:
         """Write (id, raw object bytes) pairs as one pack, now; return its file name."""
@@ -1169,8 +1171,8 @@ class FileObjectStore(ObjectStore):
             classes, added = cached[1], packs[len(cached[0]):]
         else:
             if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
-                self._pack_sizes = {n: v for n, v in self._pack_sizes.items()
-                                    if n in self._packs}
+                sizes = dict(self._pack_sizes)  # (copied at once: a placing thread adds)
+                self._pack_sizes = {n: v for n, v in sizes.items() if n in self._packs}
             classes, added = ([], []), packs
         if added:
             classes = ([*classes[0]], [*classes[1]])

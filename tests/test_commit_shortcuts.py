@@ -102,3 +102,63 @@ def test_a_packs_size_follows_from_its_layout(tmp_path):
     for name, size in repo.objects._pack_sizes.items():
         assert size == os.stat(f"{repo.objects._pack_dir}/{name}").st_size
     assert repo.objects._pack_sizes
+
+
+def _entry(rng, store, dtype="float32", shape=None):
+    from vrl.objects import TensorEntry, hash_object
+    from vrl.safetensors_file import RawTensor
+
+    shape = shape if shape is not None else rng.choice([(), (3,), (2, 2), (4, 1)])
+    value = torch.randn(shape) * 3
+    if rng.random() < 0.1 and value.numel():
+        value.view(-1)[0] = rng.choice([float("nan"), float("inf"), -0.0])
+    data = value.numpy().tobytes()
+    oid = hash_object("tensor", data)
+    store[oid] = RawTensor(dtype, shape, data)
+    return TensorEntry(oid, dtype, tuple(shape), len(data))
+
+
+NAMES = ["model/a.0.weight", "model/a.0.bias", "model/a.10.weight", "model/b.weight",
+         "algo/optimizer/state/0/exp_avg", "algo/optimizer/state/1/exp_avg", "step", "x.w",
+         "x.b", "y"]
+
+
+def test_kept_layer_texts_give_the_statistics_text_of_the_definition():
+    """Layers found unchanged as before keep their LayerChange and its text: the commit
+    text assembled with them is canonical_json of the statistics, whatever moved."""
+    from vrl.diff import compare
+    from vrl.objects import Commit, Manifest, _clean, _stats_json, canonical_json
+
+    for seed in range(30):
+        rng = random.Random(seed)
+        torch.manual_seed(seed)
+        store: dict = {}
+        names = rng.sample(NAMES, rng.randint(1, len(NAMES)))
+        if rng.random() < 0.5:  # (without a model prefix: no kinds in the statistics)
+            names = [n.replace("model/", "net/") for n in names]
+        old = {n: _entry(rng, store) for n in names}
+        hits = 0
+        for step in range(8):
+            new = {}
+            for name, entry in old.items():
+                r = rng.random()
+                new[name] = entry if r < 0.7 else _entry(rng, store, shape=entry.shape) \
+                    if r < 0.9 else _entry(rng, store)
+            parent = None if step == 0 else "ab" * 32
+            result = compare(Manifest(old, None), Manifest(new, None),
+                             store_load(store), threshold=rng.choice([0.01, 1, 1e-9]))
+            stats = result.to_json()
+            stats["parent"] = parent
+            texts = result.layer_texts()
+            hits += len(texts)
+            expected = canonical_json(_clean(stats)).decode()
+            assert _stats_json(stats, texts) == _stats_json(stats) == expected
+            commit = Commit(manifest="cd" * 32, parents=(), message="", author="a",
+                            time="t", stats=stats, stats_text=_stats_json(stats, texts))
+            assert commit.to_bytes() == canonical_json(commit.to_json())
+            old = new
+        assert hits or len(names) == 1
+
+
+def store_load(store):
+    return lambda entry: store[entry.id]

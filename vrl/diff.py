@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -224,6 +225,34 @@ class DiffResult:
                 entry["kind"] = kind
                 if parameter:
                     entry["parameter"] = parameter
+        return out
+
+    def layer_texts(self) -> dict[str, str]:
+        """{layer: its text in a commit's statistics (vrl.objects._layer_json of its
+        `to_json()` entry)} of the layers compare() found unchanged as before: the same
+        LayerChange objects, whose text is worked out once."""
+        plan = self._plan
+        if plan is None or self.declared_layout is not None:
+            return {}
+        from vrl.objects import _layer_json
+
+        out = {}
+        for lc in self.layers:
+            same = plan.same.get(lc.layer)
+            if same is None or same[1] is not lc:
+                continue
+            text = same[2]
+            if text is None:
+                entry = lc.to_json()
+                if plan.layout.model_prefix is not None:  # (as to_json adds them)
+                    kind, parameter = plan.kinds[lc.layer]
+                    entry["kind"] = kind
+                    if parameter:
+                        entry["parameter"] = parameter
+                text = same[2] = _layer_json(lc.layer, entry)
+                if text is None:
+                    continue
+            out[lc.layer] = text
         return out
 
     def _replace(self, layers: list[LayerChange], **changes: Any) -> DiffResult:
@@ -441,7 +470,7 @@ class _Plan:
     step counter), their order in a result, the layout and each layer's kind. A training
     run commits the same names again and again: made once per set of names."""
 
-    __slots__ = ("groups", "order", "layout", "kinds")
+    __slots__ = ("groups", "order", "layout", "kinds", "same")
 
     def __init__(self, names: tuple[str, ...]) -> None:
         groups: dict[str, list[tuple[str, bool]]] = {}
@@ -451,6 +480,11 @@ class _Plan:
         self.order = sorted(groups, key=natural_key)  # as DiffResult sorts its layers
         self.layout = StateLayout.derive(self.order)
         self.kinds = _kinds(self.layout, self.order)
+        # layer -> [its entries, the LayerChange made for them unchanged, that layer's
+        # statistics text or None]: a layer whose entries are the very same objects again
+        # (a commit reuses an unchanged tensor's entry) gets the same LayerChange, never
+        # changed once made, whose text is then known (see DiffResult.layer_texts)
+        self.same: dict[str, list[Any]] = {}
 
 
 _PLANS: dict[tuple[str, ...], _Plan] = {}
@@ -501,8 +535,15 @@ def _layers(old_entries: Mapping[str, TensorEntry], new_entries: Mapping[str, Te
                 break
         else:  # every tensor unchanged (most layers of a commit): what the sums below give
             entries = [new_entries[name] for name, _ in members]
-            by_layer[layer] = LayerChange(layer, "unchanged", [e.shape for e in entries], 0.0,
-                                          0.0, False, sum([e.nbytes for e in entries]))
+            same = plan.same.get(layer)
+            if same is not None and len(same[0]) == len(entries) and \
+                    all(map(operator.is_, same[0], entries)):
+                by_layer[layer] = same[1]
+                continue
+            change = by_layer[layer] = LayerChange(
+                layer, "unchanged", [e.shape for e in entries], 0.0, 0.0, False,
+                sum([e.nbytes for e in entries]))
+            plan.same[layer] = [entries, change, None]
             continue
         # per tensor: [status, shape, nbytes, delta_sq, old_sq, max_abs, comparable, counter]
         items = []

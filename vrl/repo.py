@@ -44,6 +44,7 @@ from vrl.objects import (
     Manifest,
     ObjectId,
     TensorEntry,
+    _stats_json,
     check_depth,
     hash_object,
     is_object_id,
@@ -719,14 +720,16 @@ class Repo(Maintenance, WorkspaceMixin):
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
 
-            def layer_stats(parent: ObjectId | None) -> dict[str, Any]:
+            def layer_stats(parent: ObjectId | None) -> tuple[dict[str, Any], str | None]:
+                """The statistics against `parent`, and their text in the commit."""
                 parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
                     if parent else None
-                stats = compare(parent_manifest, manifest, self.read_tensor,
-                                known_objects=lambda oid: oid not in new_ids,
-                                threshold=threshold).to_json()
+                result = compare(parent_manifest, manifest, self.read_tensor,
+                                 known_objects=lambda oid: oid not in new_ids,
+                                 threshold=threshold)
+                stats = result.to_json()
                 stats["parent"] = parent
-                return stats
+                return stats, _stats_json(stats, result.layer_texts())
 
             # the statistics against the expected parent are computed from memory while
             # the big tensors' writes and fsyncs are still in flight. The parent is this
@@ -766,8 +769,9 @@ class Repo(Maintenance, WorkspaceMixin):
                 self.objects.drop_sealed()  # a journaled commit that failed: forgotten
 
     def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
-                     layer_stats: Callable[[ObjectId | None], dict[str, Any]],
-                     early: tuple[ObjectId | None, dict[str, Any], bool],
+                     layer_stats: Callable[[ObjectId | None],
+                                           tuple[dict[str, Any], str | None]],
+                     early: tuple[ObjectId | None, tuple[dict[str, Any], str | None], bool],
                      batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
                      **fields: Any) -> ObjectId:
         """Write the commit object and move the ref, re-parenting after a lost
@@ -791,13 +795,14 @@ class Repo(Maintenance, WorkspaceMixin):
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                      f"({parent[:12]}); use --allow-empty to commit "
                                      "anyway")
-            stats = early[1] if parent == early[0] else layer_stats(parent)
+            stats, stats_text = early[1] if parent == early[0] else layer_stats(parent)
             commit = Commit(manifest=mid, parents=(parent,) if parent else (),
                             message=message, author=fields["author"] or self.author,
                             time=fields["time"] or utc_now(),
                             hparams=fields["hparams"] or {},
                             metrics=fields["metrics"] or {}, env=fields["env_info"],
-                            step=fields["step"], stats=stats, meta=fields["meta"] or {})
+                            step=fields["step"], stats=stats, meta=fields["meta"] or {},
+                            stats_text=stats_text)
             payload = commit.to_bytes()
             cid = (stale and self.objects.reseal(stale, "commit", payload)) or \
                 self.objects.write("commit", payload)

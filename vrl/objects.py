@@ -330,12 +330,11 @@ class Manifest:
     tensors: dict[str, TensorEntry]
     tree: Any  # JSON skeleton; see vrl.tensors for the encoding
     layout: FileLayout | None = None  # absent for snapshots committed from memory
-    # the tree's canonical JSON where known already (vrl.tensors.ViewMemo keeps it for a
-    # skeleton it hands out again); worked out by the first `to_bytes` otherwise
-    tree_text: str | None = field(default=None, compare=False, repr=False)
 
-    def to_bytes(self) -> bytes:
-        tree = self._tree_json()
+    def to_bytes(self, tree_text: str | None = None) -> bytes:
+        """The canonical bytes; `tree_text`: `tree_json()` where the caller has it already
+        (vrl.repo, for a skeleton vrl.tensors.ViewMemo hands out again)."""
+        tree = self.tree_json() if tree_text is None else tree_text
         tensors = _tensors_json(self.tensors)
         if tensors is None:  # a field of an unusual type: the generic encoder decides
             data = {
@@ -351,13 +350,11 @@ class Manifest:
             f'"layout":{_CANONICAL.encode(self.layout.to_json())},'
         return f'{{"format":{FORMAT},{layout}"tensors":{tensors},"tree":{tree}}}'.encode()
 
-    def _tree_json(self) -> str:
+    def tree_json(self) -> str:
         """The tree's canonical JSON, once its depth is known to fit (room for
         {"tree": ...}). Each level of nesting opens a bracket, so their count bounds the
         depth: one scan of the text in C, the walk of the tree only where that is not
         enough (a deep tree is refused before any error of its encoding is reported)."""
-        if self.tree_text is not None:
-            return self.tree_text
         limit = MAX_TREE_DEPTH - 2
         try:
             text = _CANONICAL.encode(self.tree)
@@ -370,7 +367,6 @@ class Manifest:
                                     "most); flatten it")
             if text is None:
                 text = _CANONICAL.encode(self.tree)  # raises its error again
-        object.__setattr__(self, "tree_text", text)  # (a cache: the tree never changes)
         return text
 
     @classmethod
@@ -421,9 +417,6 @@ class Commit:
     step: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. frozen layers, pruning
-    # `_stats_json(stats)` where its maker knows it already (vrl.repo: from the layer
-    # texts compare() kept); worked out by `to_bytes` otherwise
-    stats_text: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         problem = _commit_problem(self.__dict__, strict_ids=False)
@@ -441,14 +434,16 @@ class Commit:
             "step": self.step, "stats": clean["stats"], "meta": clean["meta"],
         }
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, stats_text: str | None = None) -> bytes:
         """canonical_json(self.to_json()), assembled field by field (every commit writes
-        one): the empty dicts and the layer statistics without the generic walk."""
+        one): the empty dicts and the layer statistics without the generic walk.
+        `stats_text`: `_stats_json(self.stats)` where the caller has it already (vrl.repo,
+        from the layer texts compare() kept)."""
         parts = []
         for name in _DICT_FIELDS:
             value = getattr(self, name)
             text = "{}" if type(value) is dict and not value else \
-                (self.stats_text or _stats_json(value)) if name == "stats" else None
+                (stats_text or _stats_json(value)) if name == "stats" else None
             if text is None:
                 text = _CANONICAL.encode(_clean(value, MAX_DEPTH, f"commit {name}"))
             parts.append(text)

@@ -551,12 +551,13 @@ class Repo(Maintenance, WorkspaceMixin):
             entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
                 if isinstance(state, SafetensorsFile) else None
-            memo = self._views  # (its skeleton again: its text is known)
-            again = memo.tree is not None and tree is memo.tree
-            manifest = Manifest(entries, tree, layout, memo.tree_text if again else None)
-            payload = manifest.to_bytes()
-            if again:
-                memo.tree_text = manifest.tree_text
+            manifest = Manifest(entries, tree, layout)
+            memo, tree_text = self._views, None
+            if memo.tree is not None and tree is memo.tree:  # its skeleton again: the text
+                tree_text = memo.tree_text  # of the first manifest that held it
+                if tree_text is None:
+                    tree_text = memo.tree_text = manifest.tree_json()
+            payload = manifest.to_bytes(tree_text)
             mid = hash_object("manifest", payload)
             if write:
                 if self.objects.put("manifest", payload, mid):
@@ -801,9 +802,8 @@ class Repo(Maintenance, WorkspaceMixin):
                             time=fields["time"] or utc_now(),
                             hparams=fields["hparams"] or {},
                             metrics=fields["metrics"] or {}, env=fields["env_info"],
-                            step=fields["step"], stats=stats, meta=fields["meta"] or {},
-                            stats_text=stats_text)
-            payload = commit.to_bytes()
+                            step=fields["step"], stats=stats, meta=fields["meta"] or {})
+            payload = commit.to_bytes(stats_text)
             cid = (stale and self.objects.reseal(stale, "commit", payload)) or \
                 self.objects.write("commit", payload)
             self._commits[cid] = commit

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -226,6 +227,34 @@ class DiffResult:
                     entry["parameter"] = parameter
         return out
 
+    def layer_texts(self) -> dict[str, str]:
+        """{layer: its text in a commit's statistics (vrl.objects._layer_json of its
+        `to_json()` entry)} of the layers compare() found unchanged as before: the same
+        LayerChange objects, whose text is worked out once."""
+        plan = self._plan
+        if plan is None or self.declared_layout is not None:
+            return {}
+        from vrl.objects import _layer_json
+
+        out = {}
+        for lc in self.layers:
+            same = plan.same.get(lc.layer)
+            if same is None or same[1] is not lc:
+                continue
+            text = same[2]
+            if text is None:
+                entry = lc.to_json()
+                if plan.layout.model_prefix is not None:  # (as to_json adds them)
+                    kind, parameter = plan.kinds[lc.layer]
+                    entry["kind"] = kind
+                    if parameter:
+                        entry["parameter"] = parameter
+                text = same[2] = _layer_json(lc.layer, entry)
+                if text is None:
+                    continue
+            out[lc.layer] = text
+        return out
+
     def _replace(self, layers: list[LayerChange], **changes: Any) -> DiffResult:
         fields = {"threshold": self.threshold, "extra": self.extra,
                   "declared_layout": self.declared_layout, "only": self.only, **changes}
@@ -380,6 +409,7 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
 
     a_all, convert = _elements(old)
     b_all, _ = _elements(new)
+    einsum = _EINSUM[0] if _EINSUM else _einsum()
     d2 = o2 = mx = 0.0
     for i in range(0, a_all.size, CHUNK):
         if a_all.size <= CHUNK:  # one step (most tensors): the arrays as they are
@@ -392,12 +422,28 @@ def tensor_change(old: Any, new: Any) -> tuple[float, float, float]:
             d = b - a
         # einsum, not dot: BLAS's threaded dot stalls for milliseconds per call on a busy
         # machine; einsum's own vectorised loop is steady and needs no threads
-        d2 += float(np.einsum("i,i->", d, d))
-        o2 += float(np.einsum("i,i->", a, a))
+        d2 += float(einsum("i,i->", d, d))
+        o2 += float(einsum("i,i->", a, a))
         m = float(np.abs(d, out=d).max())  # (in place: d is not read again)
         if m > mx or m != m:
             mx = m
     return d2, o2, mx
+
+
+_EINSUM: list[Any] = []
+
+
+def _einsum() -> Any:
+    """numpy's einsum without its Python wrapper (what `np.einsum` calls when asked for
+    no path optimisation, as here: the same loop, the same sums)."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import c_einsum  # type: ignore[attr-defined]
+    except ImportError:  # (another numpy layout: the wrapper, as before)
+        c_einsum = np.einsum
+    _EINSUM.append(c_einsum)
+    return c_einsum
 
 
 _SCRATCH = threading.local()
@@ -441,7 +487,7 @@ class _Plan:
     step counter), their order in a result, the layout and each layer's kind. A training
     run commits the same names again and again: made once per set of names."""
 
-    __slots__ = ("groups", "order", "layout", "kinds")
+    __slots__ = ("groups", "order", "layout", "kinds", "same")
 
     def __init__(self, names: tuple[str, ...]) -> None:
         groups: dict[str, list[tuple[str, bool]]] = {}
@@ -451,6 +497,11 @@ class _Plan:
         self.order = sorted(groups, key=natural_key)  # as DiffResult sorts its layers
         self.layout = StateLayout.derive(self.order)
         self.kinds = _kinds(self.layout, self.order)
+        # layer -> [its entries, the LayerChange made for them unchanged, that layer's
+        # statistics text or None]: a layer whose entries are the very same objects again
+        # (a commit reuses an unchanged tensor's entry) gets the same LayerChange, never
+        # changed once made, whose text is then known (see DiffResult.layer_texts)
+        self.same: dict[str, list[Any]] = {}
 
 
 _PLANS: dict[tuple[str, ...], _Plan] = {}
@@ -501,8 +552,15 @@ def _layers(old_entries: Mapping[str, TensorEntry], new_entries: Mapping[str, Te
                 break
         else:  # every tensor unchanged (most layers of a commit): what the sums below give
             entries = [new_entries[name] for name, _ in members]
-            by_layer[layer] = LayerChange(layer, "unchanged", [e.shape for e in entries], 0.0,
-                                          0.0, False, sum([e.nbytes for e in entries]))
+            same = plan.same.get(layer)
+            if same is not None and len(same[0]) == len(entries) and \
+                    all(map(operator.is_, same[0], entries)):
+                by_layer[layer] = same[1]
+                continue
+            change = by_layer[layer] = LayerChange(
+                layer, "unchanged", [e.shape for e in entries], 0.0, 0.0, False,
+                sum([e.nbytes for e in entries]))
+            plan.same[layer] = [entries, change, None]
             continue
         # per tensor: [status, shape, nbytes, delta_sq, old_sq, max_abs, comparable, counter]
         items = []

@@ -261,6 +261,8 @@ class FileObjectStore(ObjectStore):
         # so in the background): read from memory meanwhile
         self._landing: dict[ObjectId, bytes] = {}
         self._pack_sizes: dict[str, int] = {}  # pack file name -> size (for consolidate)
+        # (the packs looked at, their names by size class) as `_due` last worked them out
+        self._classes: tuple[tuple[str, ...], tuple[list[str], list[str]]] | None = None
         # waits for that placing (installed by the repository: the journal's `wait`)
         self.barrier: Callable[[], None] | None = None
 
@@ -836,6 +838,19 @@ class FileObjectStore(ObjectStore):
         self._sealed = None
         self._staged = {}
 
+    def reseal(self, drop: ObjectId, kind: str, payload: bytes) -> ObjectId | None:
+        """Swap object `drop` of the sealed batch's pack, not handed to the journal yet,
+        for a new one (a commit object re-parented before anything was written: the
+        stale one would be left behind naming a parent that may be gone); return the new
+        id, or None (nothing changed) if `drop` is not in such a pack."""
+        if self._sealed is None or drop not in self._staged:
+            return None
+        oid = hash_object(kind, payload)
+        staged = {k: v for k, v in self._staged.items() if k != drop}
+        staged[oid] = header(kind, len(payload)) + payload
+        self._staged, self._sealed = staged, pack.build(staged.items())
+        return oid
+
     def place_pack(self, file: str, chunks: Iterable[bytes | memoryview],
                    keep_open: bool = False) -> int | None:
         """Write a pack file by temp file and rename (its name appears only once it is
@@ -880,11 +895,13 @@ class FileObjectStore(ObjectStore):
         return file, entries
 
     def _register_pack(self, file: str, entries: pack.Entries) -> None:
+        """Index a pack this process wrote (laid out by `pack.build`: its size follows)."""
         with self._lock:
             self._bad_packs.pop(file, None)
             if file not in self._packs:
                 self._packs[file] = entries
                 self._index_pack(file)
+                self._pack_sizes[file] = pack.file_size(entries)  # (no stat for `_due`)
 
     def write_pack(self, objects: Iterable[tuple[ObjectId, bytes | memoryview]]) -> str:
         """Write (id, raw object bytes) pairs as one pack, now; return its file name."""
@@ -1146,22 +1163,38 @@ class FileObjectStore(ObjectStore):
         `landing` bytes about to be placed), or None."""
         if len(self._packs) + (landing is not None) < AUTO_MERGE:
             return None  # the common case: not even a look at sizes
-        if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
-            self._pack_sizes = {n: v for n, v in self._pack_sizes.items() if n in self._packs}
-        classes: tuple[list[str], list[str]] = ([], [])
-        for name in sorted(self._packs):
-            size = self._pack_sizes.get(name)
-            if size is None:  # (a pack file never changes: its size is looked up once)
-                try:
-                    size = self._pack_sizes[name] = \
-                        os.stat(f"{self._pack_dir}/{name}").st_size
-                except FileNotFoundError:
-                    continue
-            if size < MERGED_MAX:
-                classes[size >= FRESH_MAX].append(name)
-        if landing is not None and landing < MERGED_MAX:
-            classes[landing >= FRESH_MAX].append("")
-        return next((names for names in classes if len(names) >= AUTO_MERGE), None)
+        # the packs' size classes, kept from the last look and extended by the packs
+        # added since (every commit asks, and adds one); worked out afresh when one went
+        packs = tuple(self._packs)  # (in the order they came: a new one is appended)
+        cached = self._classes
+        if cached is not None and packs[:len(cached[0])] == cached[0]:
+            classes, added = cached[1], packs[len(cached[0]):]
+        else:
+            if len(self._pack_sizes) > 2 * len(self._packs) + AUTO_MERGE:  # merged away
+                sizes = dict(self._pack_sizes)  # (copied at once: a placing thread adds)
+                self._pack_sizes = {n: v for n, v in sizes.items() if n in self._packs}
+            classes, added = ([], []), packs
+        if added:
+            classes = ([*classes[0]], [*classes[1]])
+            gone = False
+            for name in added:
+                size = self._pack_sizes.get(name)
+                if size is None:  # (a pack file never changes: its size is looked up once)
+                    try:
+                        size = self._pack_sizes[name] = \
+                            os.stat(f"{self._pack_dir}/{name}").st_size
+                    except FileNotFoundError:
+                        gone = True  # (the tables are behind: a fresh look next time)
+                        continue
+                if size < MERGED_MAX:
+                    classes[size >= FRESH_MAX].append(name)
+            self._classes = None if gone else (packs, classes)
+        extra = landing >= FRESH_MAX if landing is not None and landing < MERGED_MAX \
+            else None
+        for kind, names in enumerate(classes):
+            if len(names) + (extra == kind) >= AUTO_MERGE:
+                return sorted(names) + ([""] if extra == kind else [])
+        return None
 
     def _merge(self, packs: list[str], loose: list[ObjectId]) -> tuple[int, int]:
         objects: dict[ObjectId, bytes] = {}

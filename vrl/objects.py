@@ -331,8 +331,10 @@ class Manifest:
     tree: Any  # JSON skeleton; see vrl.tensors for the encoding
     layout: FileLayout | None = None  # absent for snapshots committed from memory
 
-    def to_bytes(self) -> bytes:
-        tree = self._tree_json()
+    def to_bytes(self, tree_text: str | None = None) -> bytes:
+        """The canonical bytes; `tree_text`: `tree_json()` where the caller has it already
+        (vrl.repo, for a skeleton vrl.tensors.ViewMemo hands out again)."""
+        tree = self.tree_json() if tree_text is None else tree_text
         tensors = _tensors_json(self.tensors)
         if tensors is None:  # a field of an unusual type: the generic encoder decides
             data = {
@@ -348,7 +350,7 @@ class Manifest:
             f'"layout":{_CANONICAL.encode(self.layout.to_json())},'
         return f'{{"format":{FORMAT},{layout}"tensors":{tensors},"tree":{tree}}}'.encode()
 
-    def _tree_json(self) -> str:
+    def tree_json(self) -> str:
         """The tree's canonical JSON, once its depth is known to fit (room for
         {"tree": ...}). Each level of nesting opens a bracket, so their count bounds the
         depth: one scan of the text in C, the walk of the tree only where that is not
@@ -432,14 +434,16 @@ class Commit:
             "step": self.step, "stats": clean["stats"], "meta": clean["meta"],
         }
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, stats_text: str | None = None) -> bytes:
         """canonical_json(self.to_json()), assembled field by field (every commit writes
-        one): the empty dicts and the layer statistics without the generic walk."""
+        one): the empty dicts and the layer statistics without the generic walk.
+        `stats_text`: `_stats_json(self.stats)` where the caller has it already (vrl.repo,
+        from the layer texts compare() kept)."""
         parts = []
         for name in _DICT_FIELDS:
             value = getattr(self, name)
             text = "{}" if type(value) is dict and not value else \
-                _stats_json(value) if name == "stats" else None
+                (stats_text or _stats_json(value)) if name == "stats" else None
             if text is None:
                 text = _CANONICAL.encode(_clean(value, MAX_DEPTH, f"commit {name}"))
             parts.append(text)
@@ -505,10 +509,11 @@ _LAYER_KEYS_KIND = _LAYER_KEYS | {"kind"}
 _LAYER_KEYS_PARAMETER = _LAYER_KEYS_KIND | {"parameter"}
 
 
-def _stats_json(stats: Any) -> str | None:
+def _stats_json(stats: Any, layer_texts: dict[str, str] | None = None) -> str | None:
     """canonical_json(_clean(stats)) of a commit's layer statistics (vrl.diff's
     `DiffResult.to_json()` plus "parent"), as text, written directly; None where `stats`
-    is not of that shape or holds a value of another type (then the generic encoder)."""
+    is not of that shape or holds a value of another type (then the generic encoder).
+    `layer_texts`: {name: text} of layers whose `_layer_json` text is known already."""
     if type(stats) is not dict or stats.keys() != _STATS_KEYS:
         return None
     layers = stats["layers"]
@@ -525,51 +530,61 @@ def _stats_json(stats: Any) -> str | None:
             return None
     names.sort()
     parts = []
+    known = layer_texts or {}
     for name in names:
-        v = layers[name]
-        if type(v) is not dict:
-            return None
-        keys = v.keys()
-        if keys == _LAYER_KEYS:
-            kind = parameter = ""
-        elif keys == _LAYER_KEYS_KIND:
-            kind, parameter = _scalar_json(v["kind"]), ""
-        elif keys == _LAYER_KEYS_PARAMETER:
-            kind, parameter = _scalar_json(v["kind"]), _scalar_json(v["parameter"])
-        else:
-            return None
-        shapes = v["shapes"]
-        if type(shapes) is not list:
-            return None
-        dims = []
-        for shape in shapes:
-            if type(shape) is not list and type(shape) is not tuple:
+        text = known.get(name)
+        if text is None:
+            text = _layer_json(name, layers[name])
+            if text is None:
                 return None
-            for dim in shape:
-                if type(dim) is not int:
-                    return None
-            dims.append(",".join(map(int.__repr__, shape)))
-        # the common types inline (a call each costs more than the rest of the text)
-        material, max_abs, nbytes, rel, status = \
-            v["material"], v["max_abs"], v["nbytes"], v["rel"], v["status"]
-        material = "true" if material is True else "false" if material is False else \
-            _scalar_json(material)
-        max_abs = float.__repr__(max_abs) if type(max_abs) is float and \
-            max_abs - max_abs == 0.0 else _scalar_json(max_abs)
-        nbytes = int.__repr__(nbytes) if type(nbytes) is int else _scalar_json(nbytes)
-        rel = float.__repr__(rel) if type(rel) is float and rel - rel == 0.0 else \
-            _scalar_json(rel)
-        status = _json_str(status) if type(status) is str else _scalar_json(status)
-        if None in (material, max_abs, nbytes, rel, status, kind, parameter):
-            return None
-        kind = f'"kind":{kind},' if kind else ""
-        parameter = f'"parameter":{parameter},' if parameter else ""
-        parts.append(f'{_json_str(name)}:{{{kind}"material":{material},"max_abs":{max_abs},'
-                     f'"nbytes":{nbytes},{parameter}"rel":{rel},'
-                     f'"shapes":[{"[" + "],[".join(dims) + "]" if dims else ""}],'
-                     f'"status":{status}}}')
+        parts.append(text)
     return (f'{{"bytes_new":{head[0]},"bytes_total":{head[1]},"layers":{{{",".join(parts)}}},'
             f'"parent":{tail[0]},"summary":{tail[1]},"threshold":{tail[2]}}}')
+
+
+def _layer_json(name: str, v: Any) -> str | None:
+    """`"name":{...}` of one layer of `_stats_json` (None: not of the usual types)."""
+    if type(v) is not dict:
+        return None
+    keys = v.keys()
+    if keys == _LAYER_KEYS:
+        kind = parameter = ""
+    elif keys == _LAYER_KEYS_KIND:
+        kind, parameter = _scalar_json(v["kind"]), ""
+    elif keys == _LAYER_KEYS_PARAMETER:
+        kind, parameter = _scalar_json(v["kind"]), _scalar_json(v["parameter"])
+    else:
+        return None
+    shapes = v["shapes"]
+    if type(shapes) is not list:
+        return None
+    dims = []
+    for shape in shapes:
+        if type(shape) is not list and type(shape) is not tuple:
+            return None
+        for dim in shape:
+            if type(dim) is not int:
+                return None
+        dims.append(",".join(map(int.__repr__, shape)))
+    # the common types inline (a call each costs more than the rest of the text)
+    material, max_abs, nbytes, rel, status = \
+        v["material"], v["max_abs"], v["nbytes"], v["rel"], v["status"]
+    material = "true" if material is True else "false" if material is False else \
+        _scalar_json(material)
+    max_abs = float.__repr__(max_abs) if type(max_abs) is float and \
+        max_abs - max_abs == 0.0 else _scalar_json(max_abs)
+    nbytes = int.__repr__(nbytes) if type(nbytes) is int else _scalar_json(nbytes)
+    rel = float.__repr__(rel) if type(rel) is float and rel - rel == 0.0 else \
+        _scalar_json(rel)
+    status = _json_str(status) if type(status) is str else _scalar_json(status)
+    if None in (material, max_abs, nbytes, rel, status, kind, parameter):
+        return None
+    kind = f'"kind":{kind},' if kind else ""
+    parameter = f'"parameter":{parameter},' if parameter else ""
+    return (f'{_json_str(name)}:{{{kind}"material":{material},"max_abs":{max_abs},'
+            f'"nbytes":{nbytes},{parameter}"rel":{rel},'
+            f'"shapes":[{"[" + "],[".join(dims) + "]" if dims else ""}],'
+            f'"status":{status}}}')
 
 
 def _commit_problem(fields: dict[str, Any], strict_ids: bool) -> str | None:

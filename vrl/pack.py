@@ -72,6 +72,13 @@ def build(objects: Iterable[tuple[ObjectId, bytes | memoryview]]
     return digest.hex(), chunks, entries
 
 
+def file_size(entries: Entries) -> int:
+    """The size of the pack file `build` lays out with these entries."""
+    end = max((offset + length + (-length % ALIGN) for offset, length in entries.values()),
+              default=len(PACK_HEADER))
+    return end + len(entries) * ENTRY.size + TRAILER.size
+
+
 def read_index(path: str) -> Entries:
     """The entries of a pack, after checking its trailer and index (not its objects).
 

@@ -183,13 +183,21 @@ def _owner() -> bytes:
     return _OWNER[1]
 
 
+_SECOND: tuple[int, str] = (-1, "")  # a second since the epoch, its text up to the micros
+
+
 def utc_now() -> str:
     """The time as ISO 8601 UTC with microseconds, e.g. 2026-11-29T09:00:00.000000Z
-    (formatted by hand: strftime costs more than the rest of a small commit's metadata)."""
+    (formatted by hand, the text of the second once: strftime costs more than the rest of
+    a small commit's metadata, and a commit asks for the time three times)."""
+    global _SECOND
     seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
-    t = time.gmtime(seconds)
-    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:"
-            f"{t.tm_sec:02d}.{micros:06d}Z")
+    second = _SECOND  # (one tuple, replaced whole: another thread sees either, not half)
+    if second[0] != seconds:
+        t = time.gmtime(seconds)
+        second = _SECOND = (seconds, f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+                                     f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}.")
+    return f"{second[1]}{micros:06d}Z"
 
 
 def _pid_alive(pid: int) -> bool:

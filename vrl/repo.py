@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import math
 import mmap
 import os
@@ -43,6 +44,7 @@ from vrl.objects import (
     Manifest,
     ObjectId,
     TensorEntry,
+    _stats_json,
     check_depth,
     hash_object,
     is_object_id,
@@ -50,7 +52,7 @@ from vrl.objects import (
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
-from vrl.tensors import tensor_from_buffer
+from vrl.tensors import ViewMemo, tensor_from_buffer
 from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
@@ -78,7 +80,10 @@ class _Bounded(dict):
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
         if len(self) > self.limit:
-            del self[next(iter(self))]
+            # the oldest quarter at once: one at a time, each look for the oldest walks
+            # past the holes every earlier deletion left at the front of the dict
+            for old in list(itertools.islice(self, len(self) - self.limit * 3 // 4)):
+                del self[old]
 
 
 def _xxh3_128() -> Callable[[Any], bytes]:
@@ -182,6 +187,13 @@ class Repo(Maintenance, WorkspaceMixin):
         # name -> the entry the last snapshot made for it: an unchanged tensor's entry is
         # that same object, whose manifest text (vrl.objects) is then already written
         self._entries: dict[str, TensorEntry] = {}
+        # where the tensors of the last snapshot were (vrl.tensors.ViewMemo): the next one
+        # finds the same tensors' bytes with a few attribute reads each, and reads them all
+        self._views = ViewMemo()
+        # (ref, id) of this object's last commit, and whether the next commit on that ref
+        # may take it as its parent without reading the ref (see commit)
+        self._last: tuple[str, ObjectId] | None = None
+        self._trusted = False
         # id -> the bytes a commit in progress just hashed: its layer statistics read the
         # new tensors from memory (their files may still be in flight) instead of mapping
         # them back from the store
@@ -527,18 +539,25 @@ class Repo(Maintenance, WorkspaceMixin):
         write=False nothing is stored (used to compare a workspace file with HEAD).
         `rehash` is accepted for compatibility and ignored: every byte is always read.
         """
+        views = None
         if isinstance(state, FlatState):
             tensors, tree, ties = state
         else:
             from vrl.tensors import flatten, to_state
 
-            tensors, tree, ties = flatten(to_state(state))
+            tensors, tree, ties = flatten(to_state(state), self._views)
+            views = self._views.now
         with self.objects.batch():
-            entries, new_ids = self._store_tensors(tensors, ties, write)
+            entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
                 if isinstance(state, SafetensorsFile) else None
             manifest = Manifest(entries, tree, layout)
-            payload = manifest.to_bytes()
+            memo, tree_text = self._views, None
+            if memo.tree is not None and tree is memo.tree:  # its skeleton again: the text
+                tree_text = memo.tree_text  # of the first manifest that held it
+                if tree_text is None:
+                    tree_text = memo.tree_text = manifest.tree_json()
+            payload = manifest.to_bytes(tree_text)
             mid = hash_object("manifest", payload)
             if write:
                 if self.objects.put("manifest", payload, mid):
@@ -573,12 +592,15 @@ class Repo(Maintenance, WorkspaceMixin):
             new_ids.add(hid)
         return FileLayout("safetensors", TensorEntry(hid, "uint8", (len(head),), len(head)))
 
-    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], write: bool
+    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], write: bool,
+                       views: dict[str, Any] | None = None
                        ) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
         """Hash and store each tensor. Exact: every byte is read on every commit; a fast
         xxh3-128 of the bytes recognises content this process stored before, which then
         needs neither the blake3 hash nor a write. A `TensorEntry` value is an object the
-        caller knows is stored (the Snapshotter's committer, for unchanged tensors)."""
+        caller knows is stored (the Snapshotter's committer, for unchanged tensors).
+        `views`: `ViewMemo.now` of the flatten that made `tensors` (their bytes' views)."""
+        views = views or {}
         entries: dict[str, TensorEntry] = {}
         new_ids: set[ObjectId] = set()
         digests: dict[str, bytes] = {}
@@ -603,7 +625,10 @@ class Repo(Maintenance, WorkspaceMixin):
                                               "snapshot sends it again")
                 entries[name] = value
                 continue
-            if isinstance(value, RawTensor):
+            viewed = views.get(name)
+            if viewed is not None and viewed.tensor is value:  # (flatten vouched for it)
+                buf, dtype, shape = viewed.view, viewed.dtype, viewed.shape
+            elif isinstance(value, RawTensor):
                 buf, dtype, shape = value.data, value.dtype, value.shape
             else:
                 buf, dtype, shape, _keep = tensor_bytes(value)
@@ -696,19 +721,34 @@ class Repo(Maintenance, WorkspaceMixin):
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
 
-            def layer_stats(parent: ObjectId | None) -> dict[str, Any]:
+            def layer_stats(parent: ObjectId | None) -> tuple[dict[str, Any], str | None]:
+                """The statistics against `parent`, and their text in the commit."""
                 parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
                     if parent else None
-                stats = compare(parent_manifest, manifest, self.read_tensor,
-                                known_objects=lambda oid: oid not in new_ids,
-                                threshold=threshold).to_json()
+                result = compare(parent_manifest, manifest, self.read_tensor,
+                                 known_objects=lambda oid: oid not in new_ids,
+                                 threshold=threshold)
+                stats = result.to_json()
                 stats["parent"] = parent
-                return stats
+                return stats, _stats_json(stats, result.layer_texts())
 
             # the statistics against the expected parent are computed from memory while
-            # the big tensors' writes and fsyncs are still in flight
-            expected = self.refs.read(ref)
-            early = layer_stats(expected)
+            # the big tensors' writes and fsyncs are still in flight. The parent is this
+            # object's own last commit on `ref` while nothing else was seen to move it
+            # (a training loop's commits), else read: the compare-and-swap decides either
+            # way, and a stale guess costs one more round (see _commit_loop)
+            guessed = self._journaled and self._trusted and self._last is not None and \
+                self._last[0] == ref
+            expected = self._last[1] if guessed else self.refs.read(ref)  # type: ignore
+            try:
+                early = layer_stats(expected)
+            except VrlError:
+                if not guessed:
+                    raise
+                # the guess is stale (its tensors collected meanwhile): read the parent
+                guessed = self._trusted = False
+                expected = self.refs.read(ref)
+                early = layer_stats(expected)
             env_info = env if isinstance(env, dict) else \
                 (envinfo.capture(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
@@ -720,7 +760,7 @@ class Repo(Maintenance, WorkspaceMixin):
 
             try:
                 return self._commit_loop(ref, mid, manifest, allow_empty, layer_stats,
-                                         (expected, early), batch, objects_ready,
+                                         (expected, early, guessed), batch, objects_ready,
                                          message=message, author=author, time=time,
                                          hparams=hparams, metrics=metrics,
                                          env_info=env_info, step=step, meta=meta)
@@ -730,31 +770,42 @@ class Repo(Maintenance, WorkspaceMixin):
                 self.objects.drop_sealed()  # a journaled commit that failed: forgotten
 
     def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
-                     layer_stats: Callable[[ObjectId | None], dict[str, Any]],
-                     early: tuple[ObjectId | None, dict[str, Any]],
+                     layer_stats: Callable[[ObjectId | None],
+                                           tuple[dict[str, Any], str | None]],
+                     early: tuple[ObjectId | None, tuple[dict[str, Any], str | None], bool],
                      batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
                      **fields: Any) -> ObjectId:
         """Write the commit object and move the ref, re-parenting after a lost
         compare-and-swap (see `commit`). `early`: the statistics already computed against
-        the parent expected then; another parent gets `layer_stats(parent)`."""
+        the parent expected then, and whether that parent was guessed (this object's last
+        commit) rather than read; another parent gets `layer_stats(parent)`."""
         message = fields["message"]
         attempt = 0
+        first, guessed = True, early[2]
+        stale = None  # the commit object made on a stale guess (taken out of the pack)
         while True:
-            # the parent the statistics were computed against, read moments ago: re-read
-            # only after a lost compare-and-swap (the swap itself checks it, under the lock)
-            parent = self.refs.read(ref) if attempt else early[0]
+            # the parent the statistics were computed against, read (or guessed) moments
+            # ago: re-read only after a lost compare-and-swap (the swap itself checks it,
+            # under the lock)
+            parent = early[0] if first else self.refs.read(ref)
+            first = False
             if parent and not allow_empty and self.read_commit(parent).manifest == mid:
+                if guessed and self.refs.read(ref) != parent:
+                    guessed = self._trusted = False  # moved meanwhile: commit onto it
+                    continue
                 raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
                                      f"({parent[:12]}); use --allow-empty to commit "
                                      "anyway")
-            stats = early[1] if parent == early[0] else layer_stats(parent)
+            stats, stats_text = early[1] if parent == early[0] else layer_stats(parent)
             commit = Commit(manifest=mid, parents=(parent,) if parent else (),
                             message=message, author=fields["author"] or self.author,
                             time=fields["time"] or utc_now(),
                             hparams=fields["hparams"] or {},
                             metrics=fields["metrics"] or {}, env=fields["env_info"],
                             step=fields["step"], stats=stats, meta=fields["meta"] or {})
-            cid = self.objects.write("commit", commit.to_bytes())
+            payload = commit.to_bytes(stats_text)
+            cid = (stale and self.objects.reseal(stale, "commit", payload)) or \
+                self.objects.write("commit", payload)
             self._commits[cid] = commit
             batch.close()  # starts the pack's write (first attempt only; later a no-op)
             reason = f"commit: {message.splitlines()[0] if message else ''}"
@@ -766,6 +817,10 @@ class Repo(Maintenance, WorkspaceMixin):
                     self.refs.update(ref, cid, expected=parent, reason=reason,
                                      durable_first=objects_ready)
             except RefConflictError:
+                if guessed:  # the guessed parent was stale: read it, and retry at once
+                    guessed = self._trusted = False
+                    stale = cid
+                    continue
                 # Lost the compare-and-swap: another commit landed on the ref, which
                 # is progress, so re-parent onto it and try again (as long as others
                 # make progress, someone wins every round; the jittered backoff
@@ -777,6 +832,11 @@ class Repo(Maintenance, WorkspaceMixin):
                 attempt += 1
                 _backoff(attempt)
                 continue
+            # the next commit on `ref` guesses its parent (this one) if nothing else moved
+            # the ref since this object's last commit: a guess that held, or a parent read
+            # that was that commit
+            self._trusted = guessed or self._last == (ref, parent)
+            self._last = (ref, cid)
             try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
                 if self.objects.merge_due():
                     self.sync()  # this commit's pack in place first (see Journal.commit)
@@ -862,6 +922,7 @@ class Repo(Maintenance, WorkspaceMixin):
         if model is not None or optimizer is not None:
             load_into(self.load(oid), model, optimizer)
         self.ensure_restorable(oid, "check out")
+        self._trusted = False  # (HEAD moves: the next commit reads where to)
         if create_branch:
             self.branch(create_branch, oid)
             self.refs.set_head(f"refs/heads/{create_branch}",
@@ -889,6 +950,7 @@ class Repo(Maintenance, WorkspaceMixin):
         self.ensure_restorable(oid, "reset to", keep=branch is not None)
         if workspace:
             self.write_workspace(oid)
+        self._trusted = False
         old = self.refs.update("HEAD", oid, reason=f"reset: moving to {rev}")
         return old, oid
 
@@ -958,6 +1020,7 @@ class Repo(Maintenance, WorkspaceMixin):
             raise RefConflictError(self.refs.problem(ref) or f"branch {name!r} already "
                                    "exists; use another name or --force")
         self.ensure_restorable(oid, "branch", keep=True)
+        self._trusted = False
         try:
             self.refs.update(ref, oid, expected=ANY if force else None,
                              reason=f"branch: created from {rev}")
@@ -984,6 +1047,7 @@ class Repo(Maintenance, WorkspaceMixin):
             raise RefConflictError(self.refs.problem(ref) or f"tag {name!r} already exists; "
                                    "use --force to move it")
         self.ensure_restorable(oid, "tag", keep=True)
+        self._trusted = False
         try:
             self.refs.update(ref, oid, expected=ANY if force else None, reason=f"tag: {rev}")
         except RefConflictError:
@@ -999,6 +1063,7 @@ class Repo(Maintenance, WorkspaceMixin):
         return self._delete_ref(f"refs/tags/{name}", f"tag {name!r}", "tag: deleted")
 
     def _delete_ref(self, ref: str, what: str, reason: str) -> ObjectId | None:
+        self._trusted = False
         damaged = self.refs.problem(ref) is not None
         old = None if damaged else self.refs.read(ref)
         if old is None and not damaged:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vrl.errors import CheckpointError
 from vrl.safetensors_file import RawTensor
@@ -75,10 +75,114 @@ def to_state(obj: Any) -> Any:
     return obj
 
 
-def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
+# The memo keeps the tensors it describes alive (its views hold them) until the next
+# split: only small ones (where the attribute reads it saves are a cost worth saving,
+# next to reading the bytes) and this many bytes of them at most
+MEMO_TENSOR_MAX = 1 << 20
+MEMO_BYTES = 32 << 20
+
+
+class ViewMemo:
+    """What `flatten` learnt about each torch tensor of the last checkpoint it split, by
+    name, so the next split of the same tensors (every commit of a training run) costs a
+    few attribute reads each: the tie key and a view of the bytes, kept while the tensor
+    still has the same memory (address, offset, shape, strides, dtype on the CPU). The
+    bytes are not remembered, only where they are: every commit still reads them all.
+
+    `now` holds, after a `flatten`, {name: record} for every tensor of it that is viewable
+    as it is (a contiguous CPU tensor of a dtype numpy knows): `record.view`, `.dtype`
+    and `.shape` are `tensor_bytes`' first three values for it."""
+
+    __slots__ = ("last", "now", "keys", "tree", "tree_text")
+
+    def __init__(self) -> None:
+        self.last: dict[str, _Viewed] = {}
+        self.now: dict[str, _Viewed] = {}
+        # a flat state dict of tensors (str keys, each its tensor's name) split last: its
+        # keys and skeleton, and the skeleton's JSON text once a manifest wrote it. The
+        # same keys again give this same skeleton object (never changed once made).
+        self.keys: tuple[str, ...] | None = None
+        self.tree: Any = None
+        self.tree_text: str | None = None
+
+
+class _Viewed(NamedTuple):
+    tensor: Any  # the tensor object it was made from (keeps it alive)
+    ptr: int  # where its elements start (data_ptr), then what else decides the memory
+    offset: int
+    size: Any  # torch.Size
+    stride: tuple[int, ...]
+    torch_dtype: Any
+    key: tuple  # flatten's tie key
+    view: memoryview | None  # its bytes; None where tensor_bytes must copy (no memo)
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _same_memory(value: Any, rec: _Viewed) -> bool:
+    """Whether `value` (a dense torch.Tensor or Parameter) has the memory `rec` was made
+    from: the same elements at the same address, laid out alike, of the same dtype, on
+    the CPU and not a negated view (whose bytes are not its values). Then `rec`'s tie key
+    and view are what flatten and tensor_bytes would compute for it."""
+    return (value.is_cpu and value.data_ptr() == rec.ptr and
+            value.storage_offset() == rec.offset and value.dtype is rec.torch_dtype and
+            value.shape == rec.size and value.stride() == rec.stride and
+            not value.is_neg())
+
+
+def _viewed(value: Any, key: tuple) -> _Viewed | None:
+    """The memo record of a tensor whose tie key was just computed (None if it is not a
+    plain tensor, or not viewable in place: then tensor_bytes copies it every time)."""
+    torch = _torch()
+    if type(value) not in (torch.Tensor, torch.nn.Parameter) or not value.is_cpu or \
+            value.is_neg() or not value.is_contiguous():
+        return None
+    name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
+    if name is None or value.nbytes > MEMO_TENSOR_MAX:
+        return None
+    try:
+        # (as tensor_bytes reads it: a tensor that needs grad through its detached view,
+        # the same memory)
+        view = memoryview((value.detach() if value.requires_grad else value).numpy()
+                          ).cast("B")
+    except (RuntimeError, TypeError):
+        return None
+    return _Viewed(value, value.data_ptr(), value.storage_offset(), value.shape,
+                   value.stride(), value.dtype, key, view, name, tuple(value.shape))
+
+
+def _split_again(obj: dict, memo: ViewMemo, plain: tuple, strided: Any
+                 ) -> tuple[dict[str, Any], Any, dict[str, str]] | None:
+    """`flatten(obj)` of a flat state dict with the keys of the last one split, each
+    holding the memory it held then (see ViewMemo); None where that is not so."""
+    if tuple(obj) != memo.keys:
+        return None
+    last, now = memo.last, {}
+    seen: dict[tuple, str] = {}
+    ties: dict[str, str] = {}
+    for name, value in obj.items():
+        rec = last[name]
+        if type(value) not in plain or not (rec.tensor is value or value.layout == strided) \
+                or not _same_memory(value, rec):
+            return None
+        if rec.tensor is not value:
+            rec = rec._replace(tensor=value)
+        now[name] = rec
+        key = rec.key
+        if key in seen:
+            ties[name] = seen[key]
+        else:
+            seen[key] = name
+    memo.last = memo.now = now
+    return dict(obj), memo.tree, ties
+
+
+def flatten(obj: Any, memo: ViewMemo | None = None
+            ) -> tuple[dict[str, Any], Any, dict[str, str]]:
     """Split a checkpoint into {name: tensor/ndarray}, a JSON skeleton and {name: tied-to}.
 
-    Names are key paths joined by '/' (a flat state dict keeps its own keys).
+    Names are key paths joined by '/' (a flat state dict keeps its own keys). With a
+    `memo` (see ViewMemo), tensors split the time before are recognised by their memory.
     """
     tensors: dict[str, Any] = {}
     ties: dict[str, str] = {}
@@ -87,6 +191,15 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
     np = sys.modules.get("numpy")
     tensor_type = torch.Tensor if torch is not None else None
     strided = torch.strided if torch is not None else None
+    plain = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
+    last = now = None
+    memo_left = [MEMO_BYTES]  # what the memo may still keep alive
+    if memo is not None:
+        if memo.keys is not None and type(obj) is dict:
+            again = _split_again(obj, memo, plain, strided)
+            if again is not None:
+                return again
+        last, now = memo.last, {}
 
     # A path is the names from the top joined by SEP, built as the walk descends (None at
     # the top, which differs from a path of one empty key)
@@ -111,11 +224,25 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
             if name in tensors:  # (a call less for the unique name of almost every tensor)
                 name = name_for(path)
             tensors[name] = value
-            if value.numel() > 0 and not value.is_meta:
+            rec = last.get(name) if last is not None else None
+            if rec is not None and type(value) in plain and _same_memory(value, rec):
+                if rec.tensor is not value:  # (the same memory, in another tensor object)
+                    rec = rec._replace(tensor=value)
+                now[name] = rec  # type: ignore[index]
+                key = rec.key
+                if key in seen:
+                    ties[name] = seen[key]
+                else:
+                    seen[key] = name
+            elif value.numel() > 0 and not value.is_meta:
                 # (is_cpu first: `device.type` costs more than the rest of the key)
                 key = ("cpu" if value.is_cpu else value.device.type,
                        value.untyped_storage().data_ptr(), value.storage_offset(),
                        tuple(value.shape), value.stride(), value.dtype)
+                if now is not None and memo_left[0] > 0 and \
+                        (rec := _viewed(value, key)) is not None:
+                    now[name] = rec
+                    memo_left[0] -= rec.view.nbytes  # type: ignore[union-attr]
                 if key in seen:
                     ties[name] = seen[key]
                 else:
@@ -168,6 +295,14 @@ def flatten(obj: Any) -> tuple[dict[str, Any], Any, dict[str, str]]:
                               "(use tensors, numbers, strings, lists and dicts)")
 
     tree = enc(obj, None)
+    if memo is not None:
+        memo.last = memo.now = now  # type: ignore[assignment]
+        # a flat dict of tensors, each named by its key: the next split of the same keys
+        # may take the short way (_split_again)
+        flat = type(obj) is dict and len(now) == len(obj) == len(tensors) and \
+            all(type(k) is str and k in now for k in obj)  # type: ignore[operator]
+        memo.keys, memo.tree, memo.tree_text = (tuple(obj), tree, None) if flat else \
+            (None, None, None)
     return tensors, tree, ties
 
 

@@ -713,3 +713,20 @@ def test_interrupt_latch_watcher_survives_a_collection_that_frees_a_thread_local
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.stdout.strip() == "done", result.stderr
+
+
+def test_a_snapshotted_tensor_can_still_be_resized(repo, committer):
+    """The Snapshotter's change check reads the live tensor in place, not through
+    `Tensor.numpy()` (which would leave its storage unresizable for the rest of the run)."""
+    state = {"w": torch.ones(3), "buffer": torch.zeros(4)}
+    with Snapshotter(repo, state, include_rng=False, committer=committer) as snap:
+        for i in range(2):  # (the second step checks the unchanged tensor's bytes)
+            snap.step(metrics={"i": i})
+            snap.flush()
+        state["buffer"].resize_(6)
+        state["buffer"].fill_(5.0)
+        snap.step(metrics={"i": 2})
+        snap.flush()
+    got = repo.load("HEAD")
+    assert torch.equal(got["model"]["buffer"] if "model" in got else got["buffer"],
+                       torch.full((6,), 5.0))

@@ -174,3 +174,33 @@ def test_cuda_tensors_are_copied_to_cpu(repo):
     t = torch.randn(10, 10, device="cuda")
     repo.commit({"t": t})
     assert_same({"t": t.cpu()}, repo.load("HEAD"))
+
+
+def test_a_committed_tensor_can_still_be_resized(repo):
+    """Committing reads a tensor's bytes in place without `Tensor.numpy()`, which would
+    mark its storage as never resizable again: the user's `resize_` after a commit works,
+    and the resized tensor is committed as it now is."""
+    t = torch.zeros(4)
+    state = {"buffer": t, "w": torch.ones(3)}
+    repo.commit(state, env=False)
+    t.resize_(9)
+    t.fill_(2.0)
+    cid = repo.commit(state, env=False)
+    assert_same(repo.load(cid), state)
+    t.resize_(2)  # smaller, same memory
+    assert_same(repo.load(repo.commit(state, env=False)), state)
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_conjugate_and_negative_views_are_committed_as_their_values(repo, view):
+    g = torch.Generator().manual_seed(3)
+    if view == "conj":
+        t = torch.complex(torch.randn(5, generator=g), torch.randn(5, generator=g)).conj()
+        assert t.is_conj()
+    else:
+        t = torch._neg_view(torch.randn(5, generator=g))
+        assert t.is_neg()
+    cid = repo.commit({"t": t, "w": torch.ones(2)}, env=False)
+    got = repo.load(cid)["t"]
+    assert torch.equal(got, t.resolve_conj().resolve_neg())
+    assert not got.is_conj() and not got.is_neg()

@@ -756,11 +756,13 @@ def _digest(value: Any) -> bytes:
     import torch
     import xxhash
 
+    from vrl.tensors import cpu_view
+
     if isinstance(value, torch.Tensor):
         live = _flat_bytes(value)
         if not live.numel():
             return xxhash.xxh3_128_digest(b"")
-        return xxhash.xxh3_128_digest(live.numpy())
+        return xxhash.xxh3_128_digest(cpu_view(live))  # (numpy() would pin its size)
     return xxhash.xxh3_128_digest(value.reshape(-1).view("uint8"))
 
 

@@ -15,6 +15,7 @@ str, int, finite float, bool, None -> themselves.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 from collections.abc import Mapping
@@ -140,13 +141,7 @@ def _viewed(value: Any, key: tuple) -> _Viewed | None:
     name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
     if name is None or value.nbytes > MEMO_TENSOR_MAX:
         return None
-    try:
-        # (as tensor_bytes reads it: a tensor that needs grad through its detached view,
-        # the same memory)
-        view = memoryview((value.detach() if value.requires_grad else value).numpy()
-                          ).cast("B")
-    except (RuntimeError, TypeError):
-        return None
+    view = cpu_view(value)  # (as tensor_bytes reads it)
     return _Viewed(value, value.data_ptr(), value.storage_offset(), value.shape,
                    value.stride(), value.dtype, key, view, name, tuple(value.shape))
 
@@ -361,17 +356,12 @@ def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
         return value.data, value.dtype, value.shape, value
     torch = _torch()
     if torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter) and \
-            not value.requires_grad and value.is_cpu and value.is_contiguous():
+            value.is_cpu and value.is_contiguous() and not value.is_neg():
         # The common case, in a few calls (every commit reads every tensor): a plain,
         # contiguous CPU tensor of a dtype numpy knows is viewed as it is, no copy
         name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
         if name is not None:
-            try:
-                view = memoryview(value.numpy()).cast("B")
-            except (RuntimeError, TypeError):  # a negative-bit view, no elements: below
-                pass
-            else:
-                return view, name, tuple(value.shape), value
+            return cpu_view(value), name, tuple(value.shape), value
     import numpy as np
 
     if isinstance(value, np.ndarray):
@@ -382,12 +372,25 @@ def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
             tuple(arr.shape), arr
     import torch
 
-    t = value.detach()
+    # a conjugate or negative view holds its values' conjugate or negation: resolved (a
+    # copy) first, as any other tensor not laid out as its values are
+    t = value.detach().resolve_conj().resolve_neg()
     if t.device.type != "cpu":
         t = t.to("cpu")
     t = t.contiguous()
-    raw = t.reshape(-1).view(torch.uint8)
-    return memoryview(raw.numpy()), _dtype_name(t.dtype), tuple(t.shape), t
+    return cpu_view(t), _dtype_name(t.dtype), tuple(t.shape), t
+
+
+def cpu_view(t: Any) -> memoryview:
+    """The bytes of a contiguous CPU tensor, viewed where they are. Not through
+    `Tensor.numpy()`: that marks the tensor's storage as never resizable again, so a
+    user's `t.resize_()` would fail after a commit. The view does not keep the memory
+    alive: hold the tensor meanwhile, and re-check its address before reusing a view
+    kept across user code (ViewMemo does)."""
+    nbytes = t.numel() * t.element_size()
+    if not nbytes:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
 
 
 def tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...], offset: int = 0,

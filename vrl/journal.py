@@ -1,9 +1,9 @@
-"""The commit journal: one append and one `fdatasync` make a commit durable.
+"""The commit journal: one write and one `fdatasync` make a commit durable.
 
 Without it, a crash-safe commit on a POSIX filesystem takes three rounds of fsync (the
 pack's data, then its name with the ref's temp file and reflog lines, then the ref's
 rename: bench/commit_floor.py), which for a small policy cost more than the whole
-`torch.save` a user compares with. With it, a commit appends one record to `.vrl/journal`
+`torch.save` a user compares with. With it, a commit writes one record to `.vrl/journal`
 - the commit's pack of small objects (manifest, commit, small tensors), the ref's move and
 its reflog lines - and fdatasyncs that one file: that is the commit point, and `commit`
 returns. The pack file, the reflog lines and the ref are then written as always, but
@@ -30,9 +30,10 @@ commit takes no ref lock file: every ref change outside the journal holds it thr
 The records end at the first place that holds no intact record of the header's epoch.
 Records are written over space the journal already has - written, zero-filled, fsynced -
 where there is room: the fdatasync of an overwrite then commits no file metadata, which
-cuts it by about a third (~0.33 -> ~0.21 ms here). The room is added in the background
-once a journal takes a second record (zeros, doubling), and kept: a checkpoint starts a
-new epoch at offset 64, which makes every older record stale without erasing it.
+cuts it by about a third (~0.39 -> ~0.28 ms here). `vrl init` makes INIT_ROOM of it; more
+is added in the background once a record did not fit (zeros, doubling), and kept: a
+checkpoint starts a new epoch at offset 64, which makes every older record stale without
+erasing it.
 
 Recovery (all under an `flock` of the journal, which the kernel releases if its holder
 dies):
@@ -58,7 +59,6 @@ on; `core.journal = false` turns it off (the three-round protocol then runs as b
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import fcntl
@@ -75,6 +75,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import vrl
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
 from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
 from vrl.objects import ObjectId, is_object_id
@@ -795,19 +796,18 @@ def create_journal(vrl_dir: Path) -> None:
 
 
 # Each process's write-out thread: a daemon fed by a queue (a thread pool's hand-off
-# costs ~25 us on a commit's path, a queue's ~5). At exit, `_drain` finishes what is
-# queued before the interpreter stops the thread; a commit made in an exit handler
-# writes its own files out.
+# costs ~25 us on a commit's path, a queue's ~5). At exit, `_drain` (run by vrl's exit
+# handler) finishes what is queued before the interpreter stops the thread; a commit
+# made after it, in an exit handler, writes its own files out.
 _JOBS: dict[_Handle, Callable[[], None]] = {}  # handle -> its pending write-out
 _WRITER: list = [None, None]  # [pid, queue] of this process's write-out thread
-_EXITING = False
 
 
 def _hand_off(handle: _Handle, job: Callable[[], None]) -> None:
     _JOBS[handle] = job
     try:
-        # (the main thread is not alive once the interpreter exits: exit handlers run)
-        if _EXITING or not threading.main_thread().is_alive():
+        # (vrl's exit handler has run, or the main thread is done: the interpreter exits)
+        if vrl.EXITING or not threading.main_thread().is_alive():
             raise RuntimeError("exiting")
         if _WRITER[0] != os.getpid():  # (a forked child has the queue, not the thread)
             with _HANDLES_LOCK:
@@ -832,10 +832,8 @@ def _write_out(work: queue.SimpleQueue) -> None:
         _run_pending(work.get())
 
 
-@atexit.register
 def _drain() -> None:
-    global _EXITING
-    _EXITING = True
+    """Finish every queued write-out (at exit: vrl._at_exit)."""
     for handle in list(_JOBS):
         _run_pending(handle)
     for handle in list(_HANDLES.values()):

@@ -143,12 +143,13 @@ def test_a_tensor_grown_in_place_is_committed_whole(repo):
     w = torch.zeros(4)
     state = {"w": w}
     repo.commit(state, env=False)
-    # (resize_ is refused once numpy has viewed a storage, as every commit does: torch
-    # marks it fixed; set_ re-points the same tensor object at new, bigger memory)
-    w.set_(torch.full((1 << 16,), 2.0).untyped_storage())
+    w.resize_(1 << 16).fill_(2.0)  # (new, bigger memory for the same tensor object)
     repo.commit(state, env=False)
     loaded = repo.load()["w"]
     assert loaded.shape == (1 << 16,) and bool((loaded == 2.0).all())
+    w.set_(torch.full((1 << 15,), 3.0).untyped_storage())  # re-pointed, then smaller
+    repo.commit(state, env=False)
+    assert repo.load()["w"].shape == (1 << 15,) and bool((repo.load()["w"] == 3.0).all())
     w.set_(torch.ones(3).untyped_storage())  # re-pointed at other memory
     repo.commit(state, env=False)
     assert repo.load()["w"].tolist() == [1.0, 1.0, 1.0]

@@ -806,8 +806,7 @@ _WRITER: list = [None, None]  # [pid, queue] of this process's write-out thread
 def _hand_off(handle: _Handle, job: Callable[[], None]) -> None:
     _JOBS[handle] = job
     try:
-        # (vrl's exit handler has run, or the main thread is done: the interpreter exits)
-        if vrl.EXITING or not threading.main_thread().is_alive():
+        if vrl.EXITING:  # (vrl's exit handler has run: the thread is not waited for)
             raise RuntimeError("exiting")
         if _WRITER[0] != os.getpid():  # (a forked child has the queue, not the thread)
             with _HANDLES_LOCK:

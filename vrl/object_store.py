@@ -769,8 +769,7 @@ class FileObjectStore(ObjectStore):
         name, chunks, entries = self._sealed
         self._sealed = None
         self._landing, self._staged = self._staged, {}
-        return (f"pack-{name}.pack", chunks, sum(memoryview(c).nbytes for c in chunks),
-                entries)
+        return f"pack-{name}.pack", chunks, pack.file_size(entries), entries
 
     def land_sealed(self, sealed: tuple, placed: bool = False) -> None:
         """Put a pack from `take_sealed` into objects/pack/ WITHOUT fsync (the commit

@@ -134,11 +134,7 @@ def _same_memory(value: Any, rec: _Viewed) -> bool:
 def _viewed(value: Any, key: tuple) -> _Viewed | None:
     """The memo record of a tensor whose tie key was just computed (None if it is not a
     plain tensor, or not viewable in place: then tensor_bytes copies it every time)."""
-    torch = _torch()
-    if type(value) not in (torch.Tensor, torch.nn.Parameter) or not value.is_cpu or \
-            value.is_neg() or not value.is_contiguous():
-        return None
-    name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
+    name = _in_place(value, _torch())
     if name is None or value.nbytes > MEMO_TENSOR_MAX:
         return None
     view = cpu_view(value)  # (as tensor_bytes reads it)
@@ -350,18 +346,23 @@ def _numpy_viewable() -> dict[Any, str]:
     return _NUMPY_VIEWABLE
 
 
+def _in_place(value: Any, torch: Any) -> str | None:
+    """The dtype name of a plain, contiguous CPU tensor whose bytes are its values as they
+    lie (of a dtype numpy knows, not a negative view), or None: such a tensor is read in
+    place, in a few calls."""
+    if torch is None or type(value) not in (torch.Tensor, torch.nn.Parameter) or \
+            not value.is_cpu or not value.is_contiguous() or value.is_neg():
+        return None
+    return (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
+
+
 def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
     """(raw little-endian bytes, dtype name, shape, keep-alive) of a tensor or array."""
     if isinstance(value, RawTensor):
         return value.data, value.dtype, value.shape, value
-    torch = _torch()
-    if torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter) and \
-            value.is_cpu and value.is_contiguous() and not value.is_neg():
-        # The common case, in a few calls (every commit reads every tensor): a plain,
-        # contiguous CPU tensor of a dtype numpy knows is viewed as it is, no copy
-        name = (_NUMPY_VIEWABLE or _numpy_viewable()).get(value.dtype)
-        if name is not None:
-            return cpu_view(value), name, tuple(value.shape), value
+    name = _in_place(value, _torch())
+    if name is not None:  # the common case (every commit reads every tensor): no copy
+        return cpu_view(value), name, tuple(value.shape), value
     import numpy as np
 
     if isinstance(value, np.ndarray):
@@ -370,8 +371,6 @@ def tensor_bytes(value: Any) -> tuple[memoryview, str, tuple[int, ...], Any]:
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         return memoryview(arr.reshape(-1).view(np.uint8)), f"numpy:{arr.dtype.str}", \
             tuple(arr.shape), arr
-    import torch
-
     # a conjugate or negative view holds its values' conjugate or negation: resolved (a
     # copy) first, as any other tensor not laid out as its values are
     t = value.detach().resolve_conj().resolve_neg()

@@ -676,6 +676,24 @@ def test_every_committer_thread_yields_to_training(repo):
     assert all(nice >= NICENESS and policy == os.SCHED_BATCH for nice, policy in threads)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_committer_process_starts_no_thread_pools(repo, monkeypatch):
+    """numpy's import would start an OpenBLAS thread per core in the committer (they spin
+    on the trainer's cores), whatever the trainer's own settings say."""
+    from vrl.hooks import THREAD_POOL_VARS
+
+    for name in THREAD_POOL_VARS:
+        monkeypatch.setenv(name, "4")
+    with Snapshotter(repo, small_policy(), committer="process") as snap:
+        snap.step(0)
+        snap.flush()
+        with open(f"/proc/{snap._proc.pid}/environ", "rb") as f:
+            environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if item)
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"  # (the trainer's own, untouched)
+    assert {name: environ[name.encode()] for name in THREAD_POOL_VARS} == \
+        {name: b"1" for name in THREAD_POOL_VARS}
+
+
 def test_interrupt_latch_watcher_survives_a_collection_that_frees_a_thread_local(tmp_path):
     """The latch's watcher thread reads the main thread's frame while the main thread keeps
     entering new frames and a threading.local waits in a cycle for the collector: with a
@@ -730,3 +748,45 @@ def test_a_snapshotted_tensor_can_still_be_resized(repo, committer):
     got = repo.load("HEAD")
     assert torch.equal(got["model"]["buffer"] if "model" in got else got["buffer"],
                        torch.full((6,), 5.0))
+
+
+def test_the_committer_process_writes_every_file_out_before_it_ends(repo):
+    """The committer ends without the interpreter's teardown (close() waits for it): its
+    journal's background write-outs are finished first - the ref file names the last
+    commit and no record waits to be materialised, before any reader of vrl replays it."""
+    from vrl import journal
+
+    model = small_policy()
+    with Snapshotter(repo, model, committer="process") as snap:
+        for i in range(3):
+            with torch.no_grad():
+                model[0].bias.add_(1)
+            snap.step(i)
+    ids = snap.commits
+    assert len(ids) == 3
+    assert snap._proc.returncode == 0
+    assert (repo.vrl_dir / "refs" / "heads" / "main").read_text() == ids[-1] + "\n"
+    data = (repo.vrl_dir / "journal").read_bytes()
+    assert journal.read_header(data).applied == journal.parse(data)[1]
+    assert repo.fsck()["ok"]
+
+
+def test_the_committers_quick_exit_finishes_the_journals_write_outs(tmp_path):
+    """`vrl.committer._exit` (the committer's end, without the interpreter's teardown)
+    right after a commit returns, while its files are still being written out."""
+    from vrl import journal
+
+    Repo.init(tmp_path)
+    script = ("import sys, numpy as np\nfrom vrl import Repo\nfrom vrl.committer import _exit\n"
+              "repo = Repo(sys.argv[1])\n"
+              "state = {f'layer{i}.weight': np.full((64, 64), i, np.float32) "
+              "for i in range(64)}\n"
+              "print(repo.commit(state, env=False), flush=True)\n_exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    cid = out.stdout.strip()
+    assert (tmp_path / ".vrl" / "refs" / "heads" / "main").read_text() == cid + "\n"
+    data = (tmp_path / ".vrl" / "journal").read_bytes()
+    assert journal.read_header(data).applied == journal.parse(data)[1]  # all written out
+    assert Repo(tmp_path, verify=True).fsck()["ok"]

@@ -204,3 +204,25 @@ def test_conjugate_and_negative_views_are_committed_as_their_values(repo, view):
     got = repo.load(cid)["t"]
     assert torch.equal(got, t.resolve_conj().resolve_neg())
     assert not got.is_conj() and not got.is_neg()
+
+
+def test_a_skeleton_keeps_every_kind_of_value_in_sequences():
+    """Sequences of plain scalars are kept as they are (the fast way); anything else in a
+    sequence is encoded element by element, as before."""
+    from vrl.tensors import DtypeName, flatten, unflatten
+
+    obj = {"rng": (3, tuple(range(5)), None), "plain": [1, "a", True, None],
+           "mixed": [1, float("inf"), np.int64(7), (2, 3), [4.5]],
+           "dtype": [DtypeName("float32"), "float32"], "empty": [], "none": ()}
+    tensors, tree, ties = flatten(obj)
+    assert tensors == {} and ties == {}
+    assert tree == {"$d": [
+        ["rng", {"$tu": [3, {"$tu": [0, 1, 2, 3, 4]}, None]}],
+        ["plain", [1, "a", True, None]],
+        ["mixed", [1, {"$f": "inf"}, 7, {"$tu": [2, 3]}, [4.5]]],
+        ["dtype", [{"$dt": "float32"}, "float32"]],
+        ["empty", []], ["none", {"$tu": []}]]}
+    back = unflatten(tree, {})
+    assert back["rng"] == (3, (0, 1, 2, 3, 4), None) and back["none"] == ()
+    assert back["mixed"] == [1, float("inf"), 7, (2, 3), [4.5]]
+    assert back["dtype"][0] is torch.float32 and type(back["dtype"][1]) is str

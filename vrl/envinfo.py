@@ -151,13 +151,15 @@ def code_version(path: Path) -> dict[str, Any]:
 
 
 def process_info() -> dict[str, Any]:
-    """The part of `capture` only the calling process knows (its torch build, device and
-    seed); a helper process started by it (the Snapshotter's committer, same interpreter,
-    environment and working tree) captures the rest with `capture(..., process=this)`."""
+    """The part of `capture` only the calling process knows (its torch build, device,
+    seed and environment variables); a helper process started by it (the Snapshotter's
+    committer, same interpreter and working tree, its own thread-pool settings) captures
+    the rest with `capture(..., process=this)`."""
     info = _accelerator()
     torch = sys.modules.get("torch")
     if torch is not None:
         info["seeds"] = {"torch_initial_seed": torch.initial_seed()}
+    info["env"] = safe_environ()
     return info
 
 
@@ -167,7 +169,6 @@ def capture(workdir: Path, seeds: dict[str, Any] | None = None,
     `process_info()` returned in the process that made it, if that was another one)."""
     info = dict(_static())
     info.update(process_info() if process is None else process)
-    info["env"] = safe_environ()
     code = code_version(workdir)
     if code:
         info["code"] = code

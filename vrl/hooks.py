@@ -49,6 +49,7 @@ from vrl.errors import VrlError
 from vrl.repo import Repo
 
 ALIGN = 64  # tensor offsets in a region: any dtype may view its bytes
+THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 CLOSE_TIMEOUT = 600.0  # seconds the committer process gets to finish after close()
 
 
@@ -156,6 +157,24 @@ def _flat_bytes(value: Any) -> Any:
 
 
 _LIVE: weakref.WeakSet[Snapshotter] = weakref.WeakSet()
+
+
+def _wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    """`proc.wait(timeout)`, returning as soon as the process ends: Popen polls with
+    sleeps that double up to 50 ms (a close would wait up to twice as long as the
+    committer takes to exit); a pidfd (Linux) becomes readable at the exit itself."""
+    try:
+        fd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined]
+    except (AttributeError, OSError):  # another OS, an old kernel, or already reaped
+        return proc.wait(timeout=timeout)
+    try:
+        import select
+
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    # (readable once the process has exited; reapable a moment later: Popen's first poll)
+    return proc.wait(timeout=timeout)
 
 
 def _flush_all() -> None:
@@ -506,6 +525,9 @@ class Snapshotter:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        # no BLAS/OpenMP thread pools: numpy's import alone starts one thread per core,
+        # which spin on the trainer's cores (the committer hashes on one core at most)
+        env.update({name: "1" for name in THREAD_POOL_VARS})
         try:
             # its own session: a Ctrl-C in the terminal reaches only the trainer, which
             # flushes; the committer then ends at the end of its input
@@ -599,7 +621,7 @@ class Snapshotter:
         except OSError:
             pass
         try:
-            self._proc.wait(timeout=CLOSE_TIMEOUT)
+            _wait_exit(self._proc, CLOSE_TIMEOUT)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._dead = "the committer process did not finish in time and was killed"

@@ -168,6 +168,9 @@ def _split_again(obj: dict, memo: ViewMemo, plain: tuple, strided: Any
     return dict(obj), memo.tree, ties
 
 
+_SCALARS = frozenset({int, str, bool, type(None)})  # (exact types: what enc keeps as is)
+
+
 def flatten(obj: Any, memo: ViewMemo | None = None
             ) -> tuple[dict[str, Any], Any, dict[str, str]]:
     """Split a checkpoint into {name: tensor/ndarray}, a JSON skeleton and {name: tied-to}.
@@ -265,10 +268,12 @@ def flatten(obj: Any, memo: ViewMemo | None = None
             return {"$d": items}
         if isinstance(value, DtypeName):
             return {"$dt": str(value)}
-        if isinstance(value, tuple):
-            return {"$tu": [enc(v, below(path, i)) for i, v in enumerate(value)]}
-        if isinstance(value, list):
-            return [enc(v, below(path, i)) for i, v in enumerate(value)]
+        if isinstance(value, (tuple, list)):
+            # plain scalars, each its own encoding, as most lists are (Python's RNG state
+            # alone is 625 ints, in every training snapshot): no call per element
+            items = list(value) if all([type(v) in _SCALARS for v in value]) else \
+                [enc(v, below(path, i)) for i, v in enumerate(value)]
+            return {"$tu": items} if isinstance(value, tuple) else items
         if isinstance(value, float):
             return value if math.isfinite(value) else {"$f": repr(value)}
         if value is None or isinstance(value, (str, int, bool)):

@@ -52,7 +52,7 @@ from vrl.objects import (
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
 from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
-from vrl.tensors import ViewMemo, tensor_from_buffer
+from vrl.tensors import ViewMemo, flatten, tensor_bytes, tensor_from_buffer, to_state
 from vrl.workspace import WorkspaceMixin, canonical_header
 
 VRL_DIR = ".vrl"
@@ -84,6 +84,12 @@ class _Bounded(dict):
             # past the holes every earlier deletion left at the front of the dict
             for old in list(itertools.islice(self, len(self) - self.limit * 3 // 4)):
                 del self[old]
+
+
+def _capture_env(workdir: Path) -> dict[str, Any]:
+    from vrl import envinfo  # (its imports are not needed before a commit captures one)
+
+    return envinfo.capture(workdir)
 
 
 def _xxh3_128() -> Callable[[Any], bytes]:
@@ -543,8 +549,6 @@ class Repo(Maintenance, WorkspaceMixin):
         if isinstance(state, FlatState):
             tensors, tree, ties = state
         else:
-            from vrl.tensors import flatten, to_state
-
             tensors, tree, ties = flatten(to_state(state), self._views)
             views = self._views.now
         with self.objects.batch():
@@ -605,8 +609,6 @@ class Repo(Maintenance, WorkspaceMixin):
         new_ids: set[ObjectId] = set()
         digests: dict[str, bytes] = {}
         self.digests = digests
-        from vrl.tensors import tensor_bytes  # (torch-free itself; imported once here)
-
         known, objects, fingerprint = self._known, self.objects, _xxh3_128()
         last, made = self._entries, {}
         remember = RECENT_COMMIT_BYTES  # bytes this commit may still keep in _recent
@@ -677,20 +679,17 @@ class Repo(Maintenance, WorkspaceMixin):
         recomputed) so neither is lost. Every byte of every tensor is read (a write through
         `.data` is never missed); `rehash` is kept for compatibility and does nothing.
         """
-        from vrl import envinfo
-
         # metadata problems are found before anything is written
         if not isinstance(message, str):
             raise MetadataError(f"commit message must be a string, not "
                                 f"{type(message).__name__}")
         for name, value in (("hparams", hparams), ("metrics", metrics), ("meta", meta)):
-            if value is not None and not isinstance(value, dict):
-                raise MetadataError(f"{name} must be a dict of names to values, not "
-                                    f"{type(value).__name__}")
-            check_depth(value, name)
+            if value is not None:
+                if not isinstance(value, dict):
+                    raise MetadataError(f"{name} must be a dict of names to values, not "
+                                        f"{type(value).__name__}")
+                check_depth(value, name)
         if optimizer is not None:
-            from vrl.tensors import to_state
-
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
         # Durability, in order (each step's fsyncs run concurrently; a journalling
         # filesystem commits them at once, so the cost is one round per step):
@@ -750,7 +749,7 @@ class Repo(Maintenance, WorkspaceMixin):
                 expected = self.refs.read(ref)
                 early = layer_stats(expected)
             env_info = env if isinstance(env, dict) else \
-                (envinfo.capture(self.workdir) if env else {})
+                (_capture_env(self.workdir) if env else {})
             self.objects.sync()  # the big tensors (the staged pack is not written yet)
             self._fresh.clear()  # their buffers were only lent for the statistics
 

@@ -49,6 +49,8 @@ from vrl.errors import VrlError
 from vrl.repo import Repo
 
 ALIGN = 64  # tensor offsets in a region: any dtype may view its bytes
+DIGEST_THREADS = 4  # threads that hash a snapshot's unchanged tensors (memory-bound beyond)
+PARALLEL_DIGEST_MIN = 16 << 20  # bytes: below, one thread (a hand-off costs more)
 THREAD_POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 CLOSE_TIMEOUT = 600.0  # seconds the committer process gets to finish after close()
 
@@ -373,6 +375,7 @@ class Snapshotter:
         touched = set()  # recycled at the end, when their fate is known
         specs: dict[str, Any] = {}
         todo: list[tuple[str, Any, tuple, int | None, str, int]] = []
+        check: list[tuple[tuple[str, Any, tuple, int | None, str, int], bytes]] = []
         for name, value in tensors.items():
             if name in ties:
                 specs[name] = None
@@ -393,12 +396,20 @@ class Snapshotter:
             held = self._held.get(name)
             # an unchanged version counter is confirmed by reading every byte (writes
             # through `.data` or in-place ops on a detached alias do not move it)
-            if held is not None and held.key == key and held.version == version and (
-                    _digest(value) == held.digest if held.digest is not None
-                    else _same_bytes(value, held.copy)):
-                specs[name] = {"same": True}
-                continue
+            if held is not None and held.key == key and held.version == version:
+                if held.digest is not None:  # (all hashed at once, below)
+                    check.append(((name, value, key, version, dtype, nbytes), held.digest))
+                    continue
+                if _same_bytes(value, held.copy):
+                    specs[name] = {"same": True}
+                    continue
             todo.append((name, value, key, version, dtype, nbytes))
+        for (item, digest), now in zip(check, _digests([c[0][1] for c in check]),
+                                       strict=True):
+            if now == digest:
+                specs[item[0]] = {"same": True}
+            else:
+                todo.append(item)
         seen = set(tensors) - set(ties)
         for name in list(self._held):
             if name not in seen:
@@ -775,17 +786,107 @@ def _same_bytes(value: Any, held: Any) -> bool:
 
 def _digest(value: Any) -> bytes:
     """xxh3-128 of a live tensor's / array's bytes, as the committer hashes its copy."""
-    import torch
-    import xxhash
+    return _xxh3(*_bytes_of(value))
 
-    from vrl.tensors import cpu_view
+
+def _bytes_of(value: Any) -> tuple[Any, int, Any]:
+    """(address, size, what keeps the bytes alive) of a live tensor's / array's bytes as a
+    flat CPU buffer (a view where it is one already, else a copy)."""
+    import torch
 
     if isinstance(value, torch.Tensor):
         live = _flat_bytes(value)
-        if not live.numel():
-            return xxhash.xxh3_128_digest(b"")
-        return xxhash.xxh3_128_digest(cpu_view(live))  # (numpy() would pin its size)
-    return xxhash.xxh3_128_digest(value.reshape(-1).view("uint8"))
+        return live.data_ptr(), live.numel(), live
+    import numpy as np
+
+    flat = np.ascontiguousarray(value).reshape(-1).view("uint8")
+    return flat.ctypes.data, flat.nbytes, flat
+
+
+def _xxh3(address: int, size: int, keep: Any = None) -> bytes:
+    """xxh3-128 of `size` bytes at `address` (big-endian, as xxhash's digest gives it):
+    through the xxhash module's own C function called by ctypes where it has one (ctypes
+    releases the GIL, so several run at once), else through the module."""
+    c_xxh3 = _c_xxh3()
+    if c_xxh3 is None or not size:
+        import ctypes
+
+        import xxhash
+
+        return xxhash.xxh3_128_digest((ctypes.c_char * size).from_address(address)
+                                      if size else b"")
+    value = c_xxh3(address, size)
+    return value.high.to_bytes(8, "big") + value.low.to_bytes(8, "big")
+
+
+def _digests(values: list[Any]) -> list[bytes]:
+    """`_digest` of each value; big ones on several cores at once (the loop waits for
+    them: every byte of every unchanged tensor is read at each snapshot)."""
+    spans = [_bytes_of(value) for value in values]
+    total = sum(span[1] for span in spans)
+    workers = min(os.cpu_count() or 1, DIGEST_THREADS)
+    if workers < 2 or total < PARALLEL_DIGEST_MIN or _c_xxh3() is None:
+        return [_xxh3(*span) for span in spans]
+    # one job per thread, with byte counts alike (a thread per tensor would pay a hand-off
+    # per tensor): the biggest first, each to the least loaded
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for i in sorted(range(len(spans)), key=lambda i: -spans[i][1]):
+        least = loads.index(min(loads))
+        shares[least].append(i)
+        loads[least] += spans[i][1]
+    out: list[bytes] = [b""] * len(spans)
+
+    def run(share: list[int]) -> None:
+        for i in share:
+            out[i] = _xxh3(*spans[i])
+
+    pool = _digest_pool(workers - 1)
+    futures = [pool.submit(run, share) for share in shares[1:]]
+    run(shares[0])
+    for future in futures:
+        future.result()
+    return out
+
+
+_C_XXH3: list[Any] = []
+_POOL: list[Any] = []
+
+
+def _c_xxh3() -> Any:
+    """XXH3_128bits from the xxhash module's extension (it exports the C library's
+    functions), checked against the module's own digest once; None where that fails."""
+    if not _C_XXH3:
+        func = None
+        try:
+            import ctypes
+
+            import xxhash
+            from xxhash import _xxhash
+
+            class Hash128(ctypes.Structure):
+                _fields_ = [("low", ctypes.c_uint64), ("high", ctypes.c_uint64)]
+
+            func = ctypes.CDLL(_xxhash.__file__).XXH3_128bits
+            func.restype = Hash128
+            func.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            probe = bytes(range(256)) * 5
+            got = func(probe, len(probe))
+            if got.high.to_bytes(8, "big") + got.low.to_bytes(8, "big") != \
+                    xxhash.xxh3_128_digest(probe):
+                func = None
+        except (ImportError, OSError, AttributeError, TypeError):
+            func = None
+        _C_XXH3.append(func)
+    return _C_XXH3[0]
+
+
+def _digest_pool(threads: int) -> Any:
+    if not _POOL or _POOL[0][0] != os.getpid():  # (a forked child has no threads)
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL[:] = [(os.getpid(), ThreadPoolExecutor(threads, "vrl-digest"))]
+    return _POOL[0][1]
 
 
 _MEMCMP: list[Any] = []

@@ -771,27 +771,6 @@ def test_the_committer_process_writes_every_file_out_before_it_ends(repo):
     assert repo.fsck()["ok"]
 
 
-def test_the_committers_quick_exit_finishes_the_journals_write_outs(tmp_path):
-    """`vrl.committer._exit` (the committer's end, without the interpreter's teardown)
-    right after a commit returns, while its files are still being written out."""
-    from vrl import journal
-
-    Repo.init(tmp_path)
-    script = ("import sys, numpy as np\nfrom vrl import Repo\nfrom vrl.committer import _exit\n"
-              "repo = Repo(sys.argv[1])\n"
-              "state = {f'layer{i}.weight': np.full((64, 64), i, np.float32) "
-              "for i in range(64)}\n"
-              "print(repo.commit(state, env=False), flush=True)\n_exit(0)\n")
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    cid = out.stdout.strip()
-    assert (tmp_path / ".vrl" / "refs" / "heads" / "main").read_text() == cid + "\n"
-    data = (tmp_path / ".vrl" / "journal").read_bytes()
-    assert journal.read_header(data).applied == journal.parse(data)[1]  # all written out
-    assert Repo(tmp_path, verify=True).fsck()["ok"]
-
-
 @pytest.mark.parametrize("path", ["parallel", "one thread", "module"])
 def test_digests_of_live_tensors_are_xxh3_of_their_bytes(monkeypatch, path):
     """The change check hashes live tensors in place (on several threads where they are

@@ -126,14 +126,19 @@ def test_a_commit_returns_before_its_files_and_every_reader_sees_it(tmp_path, mo
     assert_loads(Repo(tmp_path, verify=True), cid, state)
 
 
-@pytest.mark.parametrize("when", ["returns", "exit-handler", "early-exit-handler"])
+@pytest.mark.parametrize("when", ["returns", "exit-handler", "early-exit-handler",
+                                  "committer-exit"])
 def test_a_commit_made_as_the_interpreter_exits_is_written_out(tmp_path, when):
     """A process that ends right after a commit (`returns`), or commits in an exit handler
     (a Snapshotter's last flush) registered after vrl was imported or before (it then
-    runs after vrl's own, which finishes the queued write-outs): its files are all in
-    place when the process is gone, not left for the next one to replay."""
+    runs after vrl's own, which finishes the queued write-outs), or ends as the
+    Snapshotter's committer does, without the interpreter's teardown, right after a
+    commit of 64 tensors (`committer-exit`): its files are all in place when the process
+    is gone, not left for the next one to replay."""
     Repo.init(tmp_path)
-    commit = "print(Repo(sys.argv[1]).commit({'w': np.ones(8)}, env=False))"
+    state = "{f'layer{i}': np.full((64, 64), i, np.float32) for i in range(64)}" \
+        if when == "committer-exit" else "{'w': np.ones(8)}"
+    commit = f"print(Repo(sys.argv[1]).commit({state}, env=False), flush=True)"
     script = {
         "returns": f"import sys, numpy as np\nfrom vrl import Repo\n{commit}\n",
         "exit-handler": "import atexit, sys, numpy as np\nfrom vrl import Repo\n"
@@ -142,7 +147,9 @@ def test_a_commit_made_as_the_interpreter_exits_is_written_out(tmp_path, when):
                               "def flush():\n    import numpy as np\n"
                               "    from vrl import Repo\n"
                               f"    {commit}\n"
-                              "atexit.register(flush)\nimport numpy, vrl\n"}[when]
+                              "atexit.register(flush)\nimport numpy, vrl\n",
+        "committer-exit": "import sys, numpy as np\nfrom vrl import Repo\n"
+                          f"from vrl.committer import _exit\n{commit}\n_exit(0)\n"}[when]
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

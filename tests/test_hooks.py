@@ -826,3 +826,29 @@ def test_every_write_is_committed_when_digests_run_on_several_threads(repo, kind
     assert len(log) == len(expected)
     for entry, want in zip(log, expected, strict=True):
         assert_same(want, repo.load(entry.id))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfds are Linux's")
+def test_close_waits_for_the_committer_in_a_process_with_many_files_open(repo):
+    """close() waits for the committer's exit on a pidfd, whose number may be above the
+    1,024 that select() takes (a training process with data loaders holds many files)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip("cannot open 1,100 files here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        model = small_policy()
+        snap = Snapshotter(repo, model, committer="process")
+        snap.step(0)
+        snap.close()
+        assert snap._proc.returncode == 0
+        assert len(repo.log()) == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

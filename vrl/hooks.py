@@ -172,7 +172,9 @@ def _wait_exit(proc: subprocess.Popen, timeout: float) -> int:
     try:
         import select
 
-        select.select([fd], [], [], timeout)
+        waiter = select.poll()  # (not select(): a training process may hold 1,024 fds)
+        waiter.register(fd, select.POLLIN)
+        waiter.poll(timeout * 1000)
     finally:
         os.close(fd)
     # (readable once the process has exited; reapable a moment later: Popen's first poll)

@@ -782,7 +782,7 @@ def test_digests_of_live_tensors_are_xxh3_of_their_bytes(monkeypatch, path):
 
     if path == "parallel":
         monkeypatch.setattr(vrl.hooks, "PARALLEL_DIGEST_MIN", 0)
-        monkeypatch.setattr(vrl.hooks.os, "cpu_count", lambda: 4)
+        monkeypatch.setattr(vrl.hooks, "_cores", lambda: 4)
     elif path == "module":  # no C function to call: xxhash's own digest
         monkeypatch.setattr(vrl.hooks, "_C_XXH3", [None])
     g = torch.Generator().manual_seed(3)
@@ -809,7 +809,7 @@ def test_every_write_is_committed_when_digests_run_on_several_threads(repo, kind
     import vrl.hooks
 
     monkeypatch.setattr(vrl.hooks, "PARALLEL_DIGEST_MIN", 0)
-    monkeypatch.setattr(vrl.hooks.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(vrl.hooks, "_cores", lambda: 4)
     state = {**exact_state(), **{f"b{i}": torch.full((100,), float(i)) for i in range(6)}}
     rng = random.Random(kind)
     expected = []

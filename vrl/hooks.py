@@ -826,7 +826,7 @@ def _digests(values: list[Any]) -> list[bytes]:
     them: every byte of every unchanged tensor is read at each snapshot)."""
     spans = [_bytes_of(value) for value in values]
     total = sum(span[1] for span in spans)
-    workers = min(os.cpu_count() or 1, DIGEST_THREADS)
+    workers = min(_cores(), DIGEST_THREADS)
     if workers < 2 or total < PARALLEL_DIGEST_MIN or _c_xxh3() is None:
         return [_xxh3(*span) for span in spans]
     # one job per thread, with byte counts alike (a thread per tensor would pay a hand-off
@@ -853,6 +853,15 @@ def _digests(values: list[Any]) -> list[bytes]:
 
 _C_XXH3: list[Any] = []
 _POOL: list[Any] = []
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity: a container's or taskset's share,
+    where os.cpu_count() gives the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _c_xxh3() -> Any:

@@ -786,11 +786,6 @@ def _same_bytes(value: Any, held: Any) -> bool:
     return torch.equal(live, held)
 
 
-def _digest(value: Any) -> bytes:
-    """xxh3-128 of a live tensor's / array's bytes, as the committer hashes its copy."""
-    return _xxh3(*_bytes_of(value))
-
-
 def _bytes_of(value: Any) -> tuple[Any, int, Any]:
     """(address, size, what keeps the bytes alive) of a live tensor's / array's bytes as a
     flat CPU buffer (a view where it is one already, else a copy)."""
@@ -822,8 +817,9 @@ def _xxh3(address: int, size: int, keep: Any = None) -> bytes:
 
 
 def _digests(values: list[Any]) -> list[bytes]:
-    """`_digest` of each value; big ones on several cores at once (the loop waits for
-    them: every byte of every unchanged tensor is read at each snapshot)."""
+    """xxh3-128 of each live tensor's / array's bytes, as the committer hashes its copy;
+    big ones on several cores at once (the loop waits for them: every byte of every
+    unchanged tensor is read at each snapshot)."""
     spans = [_bytes_of(value) for value in values]
     total = sum(span[1] for span in spans)
     workers = min(_cores(), DIGEST_THREADS)

@@ -565,3 +565,23 @@ def test_a_commit_after_another_process_moved_refs_reads_them_again(tmp_path, mo
     assert fresh.refs.read("HEAD") == c5 and fresh.refs.read("refs/heads/main") == c4
     assert [e.new for e in fresh.refs.reflog("refs/heads/main")][:4] == [c4, c3, c2, c0]
     assert fresh.fsck()["ok"]
+
+
+def test_a_records_metadata_is_its_json():
+    """The record's metadata, written directly, is the JSON text of its fields (json.loads
+    reads it back when the journal is replayed)."""
+    import json
+
+    from vrl.journal import _meta_json
+
+    cases = [("refs/heads/main", None, "a" * 64, "pack-b.pack", False,
+              [("refs/heads/main", b"x y 1 commit: \xc3\xa9\x01\t\"\\\n"), ("HEAD", b"z")]),
+             ("HEAD", "c" * 64, "d" * 64, None, True, []),
+             ("refs/tags/\u00e9\u2603", None, "e" * 64, None, False, [("a", b"")])]
+    for ref, old, new, pack, external, logs in cases:
+        text = _meta_json(ref, old, new, pack, external, logs)
+        assert text == json.dumps({"ref": ref, "old": old, "new": new, "pack": pack,
+                                   "external": external,
+                                   "logs": [[log, line.decode()] for log, line in logs]},
+                                  separators=(",", ":"))
+        assert text.isascii()

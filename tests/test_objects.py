@@ -199,3 +199,22 @@ def test_commit_metadata_is_cleaned_as_defined(value):
         "format": 1, "manifest": MANIFEST_ID, "parents": [], "message": "m", "author": "a",
         "time": "t", "hparams": {}, "metrics": _clean_reference(value), "env": {},
         "step": None, "stats": {}, "meta": {}})
+
+
+@given(st.one_of(st.text(alphabet="0123456789abcdefABCDEFg \n-é", min_size=62, max_size=66),
+                 st.text(max_size=70), st.binary(max_size=64), st.none(), st.integers()))
+def test_an_object_id_is_what_the_id_pattern_matches(text):
+    """is_object_id without the regex engine: exactly the texts `[0-9a-f]{64}` matches."""
+    import re
+
+    from vrl.objects import is_object_id
+
+    want = isinstance(text, str) and re.fullmatch(r"[0-9a-f]{64}", text) is not None
+    assert is_object_id(text) is want
+    assert is_object_id("0123456789abcdef" * 4)
+
+
+@given(st.sampled_from(["tensor", "manifest", "commit"]), st.integers(0, 10**30))
+def test_a_header_is_its_text_padded_to_64_bytes(kind, size):
+    text = f"vrl1 {kind} {size}".encode()
+    assert header(kind, size) == text + b" " * (HEADER_SIZE - 1 - len(text)) + b"\n"

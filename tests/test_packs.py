@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -483,3 +484,31 @@ def test_merged_packs_are_merged_again_only_with_their_own_size_class(tmp_path, 
     for i, cid in enumerate(ids):
         assert_same(state(i), fresh.load(cid))
     assert fresh.fsck()["ok"]
+
+
+def test_a_pack_freshened_lately_is_freshened_again_without_a_look_at_its_age(
+        tmp_path, monkeypatch):
+    """A training run reuses one pack's objects at every commit: a pack this process
+    freshened less than half of fresh_for ago is younger than fresh_for still, so it is
+    freshened again without a stat. Past that its age is looked at again, and a pack that
+    is gone is noticed either way."""
+    store = FileObjectStore(tmp_path / "objects", fresh_for=60)
+    with store.batch():
+        a = store.write("tensor", b"a")
+        store.write("tensor", b"b")
+    path = os.fspath(store.locate(a)[0])
+    assert store.touch(a)  # looked at (young), freshened
+    looked = []
+    real_stat, real_time = os.stat, time.time
+    monkeypatch.setattr(os, "stat", lambda p, *args, **kw: (
+        looked.append(os.fspath(p)), real_stat(p, *args, **kw))[1])
+    os.utime(path, (5, 5))  # (as if: the time is not looked at)
+    assert store.touch(a) and path not in looked
+    assert os.path.getmtime(path) > 5  # still freshened
+    monkeypatch.setattr(time, "time", lambda: real_time() + 31)
+    os.utime(path, (5, 5))
+    assert not store.touch(a) and path in looked  # old: the object is written again
+    monkeypatch.setattr(time, "time", real_time)
+    assert store.touch(a)
+    os.remove(path)  # (collected by another process)
+    assert not store.touch(a)

@@ -43,7 +43,7 @@ def _mutate(rng, state, pool):
 def _mutate_once(rng, state, pool):
     name = rng.choice(sorted(state))
     t = state[name]
-    op = rng.randrange(16)
+    op = rng.randrange(18)
     if op == 0:
         t.add_(1.0) if t.is_floating_point() else t.add_(1)
     elif op == 1 and t.numel():  # one element through .data
@@ -81,6 +81,14 @@ def _mutate_once(rng, state, pool):
         state[name] = torch.randn(3, 4)
     elif op == 15 and len(state) > 1:
         del state[name]
+    elif op == 16 and t.is_contiguous() and t.dim() != 1:  # the same bytes, another shape
+        state[name] = t.view(-1)
+    elif op == 17 and t.dtype in _SAME_SIZE:  # the same bytes as another dtype
+        state[name] = t.view(_SAME_SIZE[t.dtype])
+
+
+_SAME_SIZE = {torch.float32: torch.int32, torch.int32: torch.float32,
+              torch.float64: torch.int64, torch.int64: torch.float64}
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -186,3 +194,18 @@ def test_the_memo_keeps_only_small_tensors_alive(monkeypatch):
     _check(state, memo)
     assert set(memo.now) == {"a", "b"}  # over the size limit; then over the byte budget
     _check(state, memo)
+
+
+def test_the_same_bytes_as_another_shape_or_dtype_get_an_entry_of_their_own(repo):
+    """A tensor whose bytes did not change is recognised by them (no hash, no lookup),
+    but only with its dtype and shape as well: the same bytes viewed otherwise are a new
+    entry (a commit that took the old one would find nothing changed)."""
+    w = torch.arange(12, dtype=torch.float32)
+    state = {"w": w, "b": torch.ones(2)}
+    repo.commit(state, env=False)
+    for value in (w.view(3, 4), w.view(torch.int32).view(3, 4), w.view(torch.int32), w):
+        state["w"] = value
+        cid = repo.commit(state, env=False)
+        entry = repo.read_manifest(repo.read_commit(cid).manifest).tensors["w"]
+        assert (entry.dtype, tuple(entry.shape)) == (str(value.dtype)[6:], tuple(value.shape))
+        assert torch.equal(repo.load(cid)["w"], value)

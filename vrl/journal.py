@@ -182,21 +182,29 @@ def _close_released() -> None:
                 os.close(handle.fd)
 
 
-_JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps makes one per call)
-
-
 def encode(ref: str, old: ObjectId | None, new: ObjectId, logs: list[tuple[str, bytes]],
            pack: str | None, body: list, external: bool = False, epoch: int = 0,
            size: int | None = None) -> list:
     """A record's bytes, in parts (written with pwritev: the body is not copied); `size`:
     the body's, where the caller knows it."""
-    meta = _JSON.encode({"ref": ref, "old": old, "new": new, "pack": pack,
-                         "external": external,
-                         "logs": [[log, line.decode()] for log, line in logs]}).encode()
+    meta = _meta_json(ref, old, new, pack, external, logs).encode()
     if size is None:
         size = sum(memoryview(part).nbytes for part in body)
     head = RECORD.pack(RECORD_MAGIC, len(meta), size, epoch, b"")[:-16]
     return [head + _digest(head, meta, *body), meta, *body]
+
+
+_ASCII = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+
+
+def _meta_json(ref: str, old: ObjectId | None, new: ObjectId, pack: str | None,
+               external: bool, logs: list[tuple[str, bytes]]) -> str:
+    """A record's metadata as `json.dumps(meta, separators=(",", ":"))` writes it, written
+    directly (every commit writes one; its values are strings, None and a bool)."""
+    lines = ",".join([f"[{_ASCII(log)},{_ASCII(line.decode())}]" for log, line in logs])
+    return (f'{{"ref":{_ASCII(ref)},"old":{"null" if old is None else _ASCII(old)},'
+            f'"new":{_ASCII(new)},"pack":{"null" if pack is None else _ASCII(pack)},'
+            f'"external":{"true" if external else "false"},"logs":[{lines}]}}')
 
 
 def _digest(*parts: bytes | memoryview) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import mmap
 import os
 import threading
@@ -251,6 +252,7 @@ class FileObjectStore(ObjectStore):
         self._packed: dict[ObjectId, tuple[str, int, int]] = {}  # id -> (pack, offset, len)
         self._pack_dir_mtime: int | None = None
         self._freshened: set[str] = set()  # packs touched in the open batch (once is enough)
+        self._touched: dict[str, float] = {}  # pack path -> when this process last freshened it
         # a deferred batch's staged objects (readable from `_staged` meanwhile) and pack,
         # registered by the flush that waits for its write
         self._deferred: tuple[dict[ObjectId, bytes], tuple[str, pack.Entries] | None] | None \
@@ -714,38 +716,54 @@ class FileObjectStore(ObjectStore):
         With `seal`, exit writes no pack: the small objects are laid out as one
         (`sealed()`), stay readable from memory, and are placed by `land_sealed()` once the
         commit journal holds them (or forgotten by `drop_sealed()`)."""
-        if self._batching:
-            yield
-            return
-        self.flush()  # a deferred batch before this one is in place first
-        self._batching = True
-        self._freshened.clear()
-        ok = written = False
-        packed = None
+        opened = self.begin_batch(defer, seal)
+        ok = False
         try:
             yield
             ok = True
         finally:
-            staged, self._staged_bytes = self._staged, 0
-            try:
-                if ok and seal:
-                    self._sealed = pack.build(staged.items()) if staged else None
-                else:
-                    # the pack's fsync overlaps those of the big objects still in flight
-                    packed = self._write_staged(staged) if ok else None
-                written = True  # (a failed write is not deferred: it raises now)
-            finally:
-                self._batching = False
-                self._freshened.clear()
-                if ok and written and seal:
-                    pass  # staged objects stay readable until land_sealed / drop_sealed
-                elif ok and written and defer and self._pending:
-                    self._deferred = (staged, packed)
-                else:
-                    self._staged = {}
-                    self.flush()
-            if packed and self._deferred is None:
-                self._register_pack(*packed)
+            self.end_batch(opened, ok)
+
+    def begin_batch(self, defer: bool = False, seal: bool = False
+                    ) -> tuple[bool, bool] | None:
+        """`batch()` as two calls, for a hot path that spares the context manager: open a
+        batch, and hand what this returns to `end_batch` (None: a batch was open already,
+        which this one is part of)."""
+        if self._batching:
+            return None
+        self.flush()  # a deferred batch before this one is in place first
+        self._batching = True
+        self._freshened.clear()
+        return defer, seal
+
+    def end_batch(self, opened: tuple[bool, bool] | None, ok: bool = True) -> None:
+        """Close the batch `begin_batch` opened; `ok`: its body did not raise (else its
+        small objects are dropped)."""
+        if opened is None:
+            return
+        defer, seal = opened
+        written = False
+        packed = None
+        staged, self._staged_bytes = self._staged, 0
+        try:
+            if ok and seal:
+                self._sealed = pack.build(staged.items()) if staged else None
+            else:
+                # the pack's fsync overlaps those of the big objects still in flight
+                packed = self._write_staged(staged) if ok else None
+            written = True  # (a failed write is not deferred: it raises now)
+        finally:
+            self._batching = False
+            self._freshened.clear()
+            if ok and written and seal:
+                pass  # staged objects stay readable until land_sealed / drop_sealed
+            elif ok and written and defer and self._pending:
+                self._deferred = (staged, packed)
+            else:
+                self._staged = {}
+                self.flush()
+        if packed and self._deferred is None:
+            self._register_pack(*packed)
 
     def _spill(self) -> None:
         """Write the staged objects as a pack now, fsynced in this thread (so they stay
@@ -981,10 +999,19 @@ class FileObjectStore(ObjectStore):
             where = self._locate(oid, force=force)
             if where is None:
                 return False
+            path = where[0]
             try:
-                if os.stat(where[0]).st_mtime < time.time() - self.fresh_for:
+                now = time.time()
+                # a pack this process freshened less than fresh_for/2 ago is younger than
+                # fresh_for still: its time need not be looked at again (a commit of a
+                # training run reuses the same pack's objects every time)
+                if now - self._touched.get(path, -math.inf) >= self.fresh_for / 2 and \
+                        os.stat(path).st_mtime < now - self.fresh_for:
                     return False
-                os.utime(where[0])
+                os.utime(path)
+                if len(self._touched) >= 1024:
+                    self._touched.clear()
+                self._touched[path] = now
                 if self._batching:
                     self._freshened.add(os.path.basename(where[0]))
                 return True

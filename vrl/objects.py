@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -29,14 +28,15 @@ FORMAT = 1
 # Python's recursion limit in the parser or in the code that walks it.
 MAX_DEPTH = 100
 MAX_TREE_DEPTH = 3 * MAX_DEPTH  # a manifest's tree spends about 3 JSON levels per level
+_HEADER_PREFIX = {kind: f"vrl{FORMAT} {kind} ".encode() for kind in KINDS}
 
 
 def header(kind: str, size: int) -> bytes:
     """The canonical 64-byte header of an object of `kind` with a payload of `size` bytes."""
-    if kind not in KINDS:
+    prefix = _HEADER_PREFIX.get(kind)
+    if prefix is None:
         raise ValueError(f"unknown object kind {kind!r}")
-    text = f"vrl{FORMAT} {kind} {size}".encode()
-    return text + b" " * (HEADER_SIZE - 1 - len(text)) + b"\n"
+    return (prefix + b"%d" % size).ljust(HEADER_SIZE - 1) + b"\n"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,11 +75,13 @@ def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -
     return ObjectId(hasher.hexdigest())
 
 
-_ID = re.compile(r"[0-9a-f]{64}")
+_HEX = "0123456789abcdef"
 
 
 def is_object_id(text: str) -> bool:
-    return isinstance(text, str) and _ID.fullmatch(text) is not None
+    """64 lowercase hex digits (what `[0-9a-f]{64}` matches, without the regex engine: a
+    commit checks several ids)."""
+    return isinstance(text, str) and len(text) == ID_HEX_LEN and not text.strip(_HEX)
 
 
 # ---------------------------------------------------------------------------- canonical JSON

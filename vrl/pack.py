@@ -22,6 +22,7 @@ ignored by reads (its objects count as missing).
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
 from collections.abc import Iterable
@@ -38,6 +39,7 @@ TRAILER = struct.Struct("<8sQQ8s32s")
 ALIGN = 64
 
 Entries = dict[ObjectId, tuple[int, int]]  # id -> (offset, length) inside the pack
+_first = operator.itemgetter(0)
 
 
 def pack_name(path: str) -> str:
@@ -54,7 +56,7 @@ def build(objects: Iterable[tuple[ObjectId, bytes | memoryview]]
     chunks: list[bytes | memoryview] = [PACK_HEADER]
     entries: Entries = {}
     offset = len(PACK_HEADER)
-    for oid, raw in sorted(objects, key=lambda item: item[0]):
+    for oid, raw in sorted(objects, key=_first):
         if oid in entries:
             continue
         length = memoryview(raw).nbytes
@@ -64,8 +66,9 @@ def build(objects: Iterable[tuple[ObjectId, bytes | memoryview]]
         if pad:
             chunks.append(b"\0" * pad)
         offset += length + pad
-    index = b"".join(ENTRY.pack(bytes.fromhex(oid), off, length)
-                     for oid, (off, length) in sorted(entries.items()))
+    pack_entry = ENTRY.pack
+    index = b"".join([pack_entry(bytes.fromhex(oid), off, length)
+                      for oid, (off, length) in entries.items()])  # (in id order already)
     head = TRAILER.pack(TRAILER_MAGIC, offset, len(entries), b"\0" * 8, b"\0" * 32)[:32]
     digest = blake3.blake3(index + head).digest()
     chunks += [index, head + digest]

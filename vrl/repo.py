@@ -190,9 +190,10 @@ class Repo(Maintenance, WorkspaceMixin):
         # Snapshotter's committer hands them back, so the next change check hashes the
         # live tensor instead of byte-comparing it with a held copy)
         self.digests: dict[str, bytes] = {}
-        # name -> the entry the last snapshot made for it: an unchanged tensor's entry is
-        # that same object, whose manifest text (vrl.objects) is then already written
-        self._entries: dict[str, TensorEntry] = {}
+        # name -> (xxh3-128 of its bytes, the entry) of the last snapshot stored: a tensor
+        # with those bytes again gets that same entry object (no lookup by content), whose
+        # manifest text (vrl.objects) is then already written
+        self._stored: dict[str, tuple[bytes, TensorEntry]] = {}
         # where the tensors of the last snapshot were (vrl.tensors.ViewMemo): the next one
         # finds the same tensors' bytes with a few attribute reads each, and reads them all
         self._views = ViewMemo()
@@ -551,7 +552,9 @@ class Repo(Maintenance, WorkspaceMixin):
         else:
             tensors, tree, ties = flatten(to_state(state), self._views)
             views = self._views.now
-        with self.objects.batch():
+        opened = self.objects.begin_batch()  # (within a commit's batch: None)
+        ok = False
+        try:
             entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
                 if isinstance(state, SafetensorsFile) else None
@@ -567,6 +570,9 @@ class Repo(Maintenance, WorkspaceMixin):
                 if self.objects.put("manifest", payload, mid):
                     new_ids.add(mid)
                 self._manifests[mid] = manifest
+            ok = True
+        finally:
+            self.objects.end_batch(opened, ok)
         return mid, manifest, new_ids
 
     def _file_layout(self, source: SafetensorsFile, tensors: dict[str, Any],
@@ -610,7 +616,8 @@ class Repo(Maintenance, WorkspaceMixin):
         digests: dict[str, bytes] = {}
         self.digests = digests
         known, objects, fingerprint = self._known, self.objects, _xxh3_128()
-        last, made = self._entries, {}
+        last, made = self._stored, {}
+        fresh = self._fresh
         remember = RECENT_COMMIT_BYTES  # bytes this commit may still keep in _recent
         for name, value in tensors.items():
             if name in ties:
@@ -636,8 +643,25 @@ class Repo(Maintenance, WorkspaceMixin):
                 buf, dtype, shape, _keep = tensor_bytes(value)
             nbytes = buf.nbytes
             # a fast non-cryptographic fingerprint of the bytes (the object id stays blake3)
-            key = (fingerprint(buf), nbytes)
-            digests[name] = key[0]
+            digest = fingerprint(buf)
+            digests[name] = digest
+            before = last.get(name)
+            if before is not None and before[0] == digest:
+                # the bytes this name had in the last snapshot (most tensors of a training
+                # run's commit): that entry again, as the pre-check below would find it
+                entry = before[1]
+                if entry.nbytes == nbytes and entry.shape == shape and \
+                        entry.dtype == dtype and (not write or objects.touch(entry.id)):
+                    if write:
+                        if nbytes >= MMAP_MIN:
+                            fresh[entry.id] = buf
+                        if nbytes < PACK_MAX and nbytes <= remember:
+                            remember -= nbytes
+                            self._remember(entry.id, buf)
+                        made[name] = before
+                    entries[name] = entry
+                    continue
+            key = (digest, nbytes)
             oid = known.get(key)
             if oid is None or (write and not objects.touch(oid)):
                 oid = hash_object("tensor", buf, threads=nbytes > (1 << 22))
@@ -645,7 +669,7 @@ class Repo(Maintenance, WorkspaceMixin):
                     new_ids.add(oid)
             if write:
                 if nbytes >= MMAP_MIN:
-                    self._fresh[oid] = buf
+                    fresh[oid] = buf
                 known[key] = oid
                 known.move_to_end(key)
                 if len(known) > KNOWN_MAX:
@@ -653,17 +677,17 @@ class Repo(Maintenance, WorkspaceMixin):
                 if nbytes < PACK_MAX and nbytes <= remember:
                     remember -= nbytes
                     self._remember(oid, buf)
-            entry = last.get(name)
+            entry = before[1] if before is not None else None
             if entry is None or entry.id != oid or entry.shape != shape or \
                     entry.nbytes != nbytes or entry.dtype != dtype:
                 # (shapes are tuples of ints, dtypes strs, ids and sizes exact: equal
                 # values are the same values, whose text is the same)
                 entry = TensorEntry(oid, dtype, shape, nbytes)
-            if type(dtype) is str:
-                made[name] = entry
+            if write and type(dtype) is str:
+                made[name] = (digest, entry)
             entries[name] = entry
         if write:
-            self._entries = made
+            self._stored = made
         return entries, new_ids
 
     def commit(self, state: Any, optimizer: Any = None, *, message: str = "",
@@ -714,9 +738,20 @@ class Repo(Maintenance, WorkspaceMixin):
         # pack's bytes, the ref's move and the reflog lines as one record and fdatasyncs
         # it, then writes the pack, lines and ref without fsync (vrl/journal.py).
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
-        with contextlib.ExitStack() as batch:
-            batch.callback(self._fresh.clear)
-            batch.enter_context(self.objects.batch(defer=True, seal=self._journaled))
+        # (the batch is opened and closed by hand, not by context managers: every commit of
+        # a training loop pays for what runs here)
+        opened = [self.objects.begin_batch(defer=True, seal=self._journaled)]
+
+        def end_batch(ok: bool = True) -> None:
+            """Close the commit's batch (once; later calls do nothing)."""
+            token, opened[0] = opened[0], None
+            try:
+                self.objects.end_batch(token, ok)
+            finally:
+                self._fresh.clear()
+
+        ok = False
+        try:
             mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
             threshold = self.threshold if threshold is None else threshold
 
@@ -758,21 +793,25 @@ class Repo(Maintenance, WorkspaceMixin):
                 return sorted(unsynced)
 
             try:
-                return self._commit_loop(ref, mid, manifest, allow_empty, layer_stats,
-                                         (expected, early, guessed), batch, objects_ready,
-                                         message=message, author=author, time=time,
-                                         hparams=hparams, metrics=metrics,
-                                         env_info=env_info, step=step, meta=meta)
+                cid = self._commit_loop(ref, mid, manifest, allow_empty, layer_stats,
+                                        (expected, early, guessed), end_batch, objects_ready,
+                                        message=message, author=author, time=time,
+                                        hparams=hparams, metrics=metrics,
+                                        env_info=env_info, step=step, meta=meta)
+                ok = True
+                return cid
             finally:
                 with contextlib.suppress(VrlError):  # a failure is reported by the loop
                     self.objects.flush()  # a pack still in flight when the loop gave up
                 self.objects.drop_sealed()  # a journaled commit that failed: forgotten
+        finally:
+            end_batch(ok)
 
     def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
                      layer_stats: Callable[[ObjectId | None],
                                            tuple[dict[str, Any], str | None]],
                      early: tuple[ObjectId | None, tuple[dict[str, Any], str | None], bool],
-                     batch: contextlib.ExitStack, objects_ready: Callable[[], list[str]],
+                     end_batch: Callable[[], None], objects_ready: Callable[[], list[str]],
                      **fields: Any) -> ObjectId:
         """Write the commit object and move the ref, re-parenting after a lost
         compare-and-swap (see `commit`). `early`: the statistics already computed against
@@ -806,7 +845,7 @@ class Repo(Maintenance, WorkspaceMixin):
             cid = (stale and self.objects.reseal(stale, "commit", payload)) or \
                 self.objects.write("commit", payload)
             self._commits[cid] = commit
-            batch.close()  # starts the pack's write (first attempt only; later a no-op)
+            end_batch()  # starts the pack's write (first attempt only; later a no-op)
             reason = f"commit: {message.splitlines()[0] if message else ''}"
             try:
                 if self._journaled:  # one append + fdatasync (vrl/journal.py)

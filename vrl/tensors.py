@@ -66,6 +66,8 @@ def torch_dtype(name: str) -> torch.dtype:
 def to_state(obj: Any) -> Any:
     """Accept an nn.Module or optimizer as its state_dict, a read safetensors file as its
     checkpoint; anything else as it is."""
+    if type(obj) is dict:  # (a state dict: every commit of a training loop)
+        return obj
     from vrl.safetensors_file import SafetensorsFile
 
     if isinstance(obj, SafetensorsFile):

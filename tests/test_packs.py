@@ -488,27 +488,34 @@ def test_merged_packs_are_merged_again_only_with_their_own_size_class(tmp_path, 
 
 def test_a_pack_freshened_lately_is_freshened_again_without_a_look_at_its_age(
         tmp_path, monkeypatch):
-    """A training run reuses one pack's objects at every commit: a pack this process
-    freshened less than half of fresh_for ago is younger than fresh_for still, so it is
+    """A training run reuses one pack's objects at every commit. A pack this process
+    freshened a moment ago (under fresh_for/100, at most 1 s) counts as freshened; one it
+    freshened less than fresh_for/2 ago is younger than fresh_for still, so it is
     freshened again without a stat. Past that its age is looked at again, and a pack that
-    is gone is noticed either way."""
+    is gone is noticed."""
     store = FileObjectStore(tmp_path / "objects", fresh_for=60)
     with store.batch():
         a = store.write("tensor", b"a")
         store.write("tensor", b"b")
     path = os.fspath(store.locate(a)[0])
+    clock = [time.time()]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
     assert store.touch(a)  # looked at (young), freshened
     looked = []
-    real_stat, real_time = os.stat, time.time
+    real_stat = os.stat
     monkeypatch.setattr(os, "stat", lambda p, *args, **kw: (
         looked.append(os.fspath(p)), real_stat(p, *args, **kw))[1])
-    os.utime(path, (5, 5))  # (as if: the time is not looked at)
-    assert store.touch(a) and path not in looked
-    assert os.path.getmtime(path) > 5  # still freshened
-    monkeypatch.setattr(time, "time", lambda: real_time() + 31)
+    os.utime(path, (5, 5))  # (as if: neither looked at nor freshened)
+    clock[0] += 0.5
+    assert store.touch(a) and path not in looked and real_stat(path).st_mtime == 5
+    clock[0] += 0.5  # past 0.6 s: freshened again, its age not looked at
+    assert store.touch(a) and path not in looked and real_stat(path).st_mtime > 5
+    clock[0] += 31
     os.utime(path, (5, 5))
     assert not store.touch(a) and path in looked  # old: the object is written again
-    monkeypatch.setattr(time, "time", real_time)
+    clock[0] += 31
+    os.utime(path, (clock[0], clock[0]))  # young again
     assert store.touch(a)
     os.remove(path)  # (collected by another process)
+    clock[0] += 1
     assert not store.touch(a)

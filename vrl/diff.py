@@ -229,17 +229,34 @@ class DiffResult:
     def to_json(self) -> dict[str, Any]:
         plan = self._plan if self.declared_layout is None else None
         layout = self.layout if plan is None else plan.layout  # once (every commit)
-        out = {"threshold": self.threshold, "bytes_new": self.bytes_new,
-               "bytes_total": self.bytes_total, "summary": self._summary(layout),
-               "layers": {lc.layer: lc.to_json() for lc in self.layers}}
-        if layout.model_prefix is not None:  # a training snapshot: say what each entry is
-            kinds = plan.kinds if plan is not None else _kinds(layout, out["layers"])
-            for name, entry in out["layers"].items():
-                kind, parameter = kinds[name]
-                entry["kind"] = kind
-                if parameter:
-                    entry["parameter"] = parameter
-        return out
+        if plan is None:
+            layers = {lc.layer: lc.to_json() for lc in self.layers}
+            if layout.model_prefix is not None:
+                _add_kinds(layers, _kinds(layout, layers))
+        else:  # a layer compare() found unchanged as before: a copy of its entry then
+            layers = {}
+            for lc in self.layers:
+                same = plan.same.get(lc.layer)
+                if same is None or same[1] is not lc:
+                    layers[lc.layer] = self._entry(lc, plan)
+                    continue
+                if same[3] is None:
+                    same[3] = self._entry(lc, plan)
+                layers[lc.layer] = same[3].copy()
+        return {"threshold": self.threshold, "bytes_new": self.bytes_new,
+                "bytes_total": self.bytes_total, "summary": self._summary(layout),
+                "layers": layers}
+
+    @staticmethod
+    def _entry(lc: LayerChange, plan: _Plan) -> dict[str, Any]:
+        """`lc.to_json()`, with its kind where the plan's layout has a model prefix."""
+        entry = lc.to_json()
+        if plan.layout.model_prefix is not None:  # a training snapshot: what each one is
+            kind, parameter = plan.kinds[lc.layer]
+            entry["kind"] = kind
+            if parameter:
+                entry["parameter"] = parameter
+        return entry
 
     def layer_texts(self) -> dict[str, str]:
         """{layer: its text in a commit's statistics (vrl.objects._layer_json of its
@@ -257,13 +274,7 @@ class DiffResult:
                 continue
             text = same[2]
             if text is None:
-                entry = lc.to_json()
-                if plan.layout.model_prefix is not None:  # (as to_json adds them)
-                    kind, parameter = plan.kinds[lc.layer]
-                    entry["kind"] = kind
-                    if parameter:
-                        entry["parameter"] = parameter
-                text = same[2] = _layer_json(lc.layer, entry)
+                text = same[2] = _layer_json(lc.layer, self._entry(lc, plan))
                 if text is None:
                     continue
             out[lc.layer] = text
@@ -300,6 +311,15 @@ class DiffResult:
                               _float(v["rel"]), _float(v["max_abs"]) or 0.0, v["material"],
                               v["nbytes"]) for name, v in data["layers"].items()]
         return cls(layers, data["bytes_new"], data["bytes_total"], data["threshold"])
+
+
+def _add_kinds(layers: dict[str, dict[str, Any]],
+               kinds: dict[str, tuple[str, str | None]]) -> None:
+    for name, entry in layers.items():
+        kind, parameter = kinds[name]
+        entry["kind"] = kind
+        if parameter:
+            entry["parameter"] = parameter
 
 
 def _kinds(layout: StateLayout, layers: Any) -> dict[str, tuple[str, str | None]]:
@@ -607,7 +627,7 @@ def _layers(old_entries: Mapping[str, TensorEntry], new_entries: Mapping[str, Te
             change = by_layer[layer] = LayerChange(
                 layer, "unchanged", [e.shape for e in entries], 0.0, 0.0, False,
                 sum([e.nbytes for e in entries]))
-            plan.same[layer] = [entries, change, None]
+            plan.same[layer] = [entries, change, None, None]
             continue
         # per tensor: [status, shape, nbytes, delta_sq, old_sq, max_abs, comparable, counter]
         items = []

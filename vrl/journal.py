@@ -466,14 +466,16 @@ class Journal:
     def _lock(self, fd: int) -> None:
         """flock the journal; like a ref's lock, give up after LOCK_TIMEOUT seconds (a
         holder that is stopped, not dead, would otherwise make everyone wait forever)."""
-        deadline = time.monotonic() + LOCK_TIMEOUT
+        deadline = None
         delay = 0.0005
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                if deadline is None:  # (held by another process: from now on)
+                    deadline = time.monotonic() + LOCK_TIMEOUT
+                elif time.monotonic() > deadline:
                     raise RefConflictError(
                         f"the commit journal of {self.vrl_dir} is held by another vrl "
                         f"process for over {LOCK_TIMEOUT:.0f} s (stopped?); resume or end "

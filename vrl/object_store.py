@@ -219,7 +219,6 @@ FRESH_MAX = 256 << 10  # the size class of one commit's pack of a small policy
 # tables were refreshed in this batch, so `put` does not look again
 _TABLES_CHECKED = ""
 
-
 def _check_kind(oid: ObjectId, got: str, wanted: str | None) -> None:
     if wanted is not None and got != wanted:
         raise CorruptObjectError(f"object {oid[:12]} is a {got}, not a {wanted}; run `vrl fsck`")
@@ -1002,10 +1001,16 @@ class FileObjectStore(ObjectStore):
             path = where[0]
             try:
                 now = time.time()
-                # a pack this process freshened less than fresh_for/2 ago is younger than
-                # fresh_for still: its time need not be looked at again (a commit of a
-                # training run reuses the same pack's objects every time)
-                if now - self._touched.get(path, -math.inf) >= self.fresh_for / 2 and \
+                since = now - self._touched.get(path, -math.inf)
+                # freshened by this process a moment ago (within a hundredth of fresh_for,
+                # at most a second: a training loop's commits reuse the same pack's
+                # objects every time): as young as a freshening would make it
+                if since < min(1.0, self.fresh_for / 100):
+                    if self._batching:
+                        self._freshened.add(os.path.basename(path))
+                    return True
+                # less than fresh_for/2 ago: younger than fresh_for still, without a look
+                if since >= self.fresh_for / 2 and \
                         os.stat(path).st_mtime < now - self.fresh_for:
                     return False
                 os.utime(path)

@@ -591,23 +591,32 @@ def _layer_json(name: str, v: Any) -> str | None:
 
 def _commit_problem(fields: dict[str, Any], strict_ids: bool) -> str | None:
     """What is wrong with the types of a commit's fields (None if nothing)."""
-    def kind(value: Any) -> str:
-        return "null" if value is None else type(value).__name__
-
-    is_id = is_object_id if strict_ids else (lambda v: isinstance(v, str))
-    if not is_id(fields.get("manifest")):
-        return f"manifest must be an object id, not {kind(fields.get('manifest'))}"
-    parents = fields.get("parents")
-    if not isinstance(parents, (list, tuple)) or not all(is_id(p) for p in parents):
+    is_id = is_object_id if strict_ids else _is_str
+    get = fields.get
+    if not is_id(get("manifest")):
+        return f"manifest must be an object id, not {_kind(get('manifest'))}"
+    parents = get("parents")
+    if not isinstance(parents, (list, tuple)) or not all(map(is_id, parents)):
         return "parents must be a list of object ids"
     for name in ("message", "author", "time"):
-        if not isinstance(fields.get(name), str):
-            return f"{name} must be a string, not {kind(fields.get(name))}"
-    step = fields.get("step")
+        if not isinstance(get(name), str):
+            return f"{name} must be a string, not {_kind(get(name))}"
+    step = get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        return f"step must be an integer or null, not {kind(step)}"
+        return f"step must be an integer or null, not {_kind(step)}"
     for name in _DICT_FIELDS:
-        value = fields.get(name, {})
+        value = get(name, _NO_FIELD)
         if not isinstance(value, dict):
-            return f"{name} must be a mapping, not {kind(value)}"
+            return f"{name} must be a mapping, not {_kind(value)}"
     return None
+
+
+_NO_FIELD: dict[str, Any] = {}  # (a missing dict field is an empty one; never changed)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)

@@ -219,6 +219,7 @@ FRESH_MAX = 256 << 10  # the size class of one commit's pack of a small policy
 # tables were refreshed in this batch, so `put` does not look again
 _TABLES_CHECKED = ""
 
+
 def _check_kind(oid: ObjectId, got: str, wanted: str | None) -> None:
     if wanted is not None and got != wanted:
         raise CorruptObjectError(f"object {oid[:12]} is a {got}, not a {wanted}; run `vrl fsck`")

@@ -67,6 +67,8 @@ def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -
     `threads` hashes very large payloads on several cores (single-threaded blake3 already
     runs at several GB/s, so it only pays off above ~64 MB).
     """
+    if type(payload) is bytes and len(payload) < 1 << 14:  # (a manifest, a commit: one call)
+        return ObjectId(blake3.blake3(header(kind, len(payload)) + payload).hexdigest())
     view = memoryview(payload).cast("B")
     threads = threads and PARALLEL_HASHING and view.nbytes > (1 << 26)
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)

@@ -78,7 +78,7 @@ class _Bounded(dict):
         self.limit = limit
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
+        dict.__setitem__(self, key, value)  # (not super(): every commit sets two)
         if len(self) > self.limit:
             # the oldest quarter at once: one at a time, each look for the oldest walks
             # past the holes every earlier deletion left at the front of the dict

@@ -231,8 +231,9 @@ class DiffResult:
         layout = self.layout if plan is None else plan.layout  # once (every commit)
         if plan is None:
             layers = {lc.layer: lc.to_json() for lc in self.layers}
-            if layout.model_prefix is not None:
-                _add_kinds(layers, _kinds(layout, layers))
+            if layout.model_prefix is not None:  # a training snapshot: what each one is
+                for name, kind in _kinds(layout, layers).items():
+                    _set_kind(layers[name], *kind)
         else:  # a layer compare() found unchanged as before: a copy of its entry then
             layers = {}
             for lc in self.layers:
@@ -252,10 +253,7 @@ class DiffResult:
         """`lc.to_json()`, with its kind where the plan's layout has a model prefix."""
         entry = lc.to_json()
         if plan.layout.model_prefix is not None:  # a training snapshot: what each one is
-            kind, parameter = plan.kinds[lc.layer]
-            entry["kind"] = kind
-            if parameter:
-                entry["parameter"] = parameter
+            _set_kind(entry, *plan.kinds[lc.layer])
         return entry
 
     def layer_texts(self) -> dict[str, str]:
@@ -313,13 +311,11 @@ class DiffResult:
         return cls(layers, data["bytes_new"], data["bytes_total"], data["threshold"])
 
 
-def _add_kinds(layers: dict[str, dict[str, Any]],
-               kinds: dict[str, tuple[str, str | None]]) -> None:
-    for name, entry in layers.items():
-        kind, parameter = kinds[name]
-        entry["kind"] = kind
-        if parameter:
-            entry["parameter"] = parameter
+def _set_kind(entry: dict[str, Any], kind: str, parameter: str | None) -> None:
+    """A layer's statistics entry says what it is (and whose optimizer state)."""
+    entry["kind"] = kind
+    if parameter:
+        entry["parameter"] = parameter
 
 
 def _kinds(layout: StateLayout, layers: Any) -> dict[str, tuple[str, str | None]]:

@@ -646,40 +646,34 @@ class Repo(Maintenance, WorkspaceMixin):
             digest = fingerprint(buf)
             digests[name] = digest
             before = last.get(name)
-            if before is not None and before[0] == digest:
-                # the bytes this name had in the last snapshot (most tensors of a training
-                # run's commit): that entry again, as the pre-check below would find it
-                entry = before[1]
-                if entry.nbytes == nbytes and entry.shape == shape and \
-                        entry.dtype == dtype and (not write or objects.touch(entry.id)):
-                    if write:
-                        if nbytes >= MMAP_MIN:
-                            fresh[entry.id] = buf
-                        if nbytes < PACK_MAX and nbytes <= remember:
-                            remember -= nbytes
-                            self._remember(entry.id, buf)
-                        made[name] = before
-                    entries[name] = entry
-                    continue
-            key = (digest, nbytes)
-            oid = known.get(key)
-            if oid is None or (write and not objects.touch(oid)):
-                oid = hash_object("tensor", buf, threads=nbytes > (1 << 22))
-                if write and objects.put("tensor", buf, oid):
-                    new_ids.add(oid)
+            entry = before[1] if before is not None else None
+            # the bytes this name had in the last snapshot (most tensors of a training run's
+            # commit): that entry again, as the pre-check by content would find it
+            again = entry is not None and before[0] == digest and entry.nbytes == nbytes \
+                and entry.shape == shape and entry.dtype == dtype and \
+                (not write or objects.touch(entry.id))
+            if again:
+                oid = entry.id
+            else:
+                key = (digest, nbytes)
+                oid = known.get(key)
+                if oid is None or (write and not objects.touch(oid)):
+                    oid = hash_object("tensor", buf, threads=nbytes > (1 << 22))
+                    if write and objects.put("tensor", buf, oid):
+                        new_ids.add(oid)
+                if write:
+                    known[key] = oid
+                    known.move_to_end(key)
+                    if len(known) > KNOWN_MAX:
+                        known.popitem(last=False)
             if write:
                 if nbytes >= MMAP_MIN:
                     fresh[oid] = buf
-                known[key] = oid
-                known.move_to_end(key)
-                if len(known) > KNOWN_MAX:
-                    known.popitem(last=False)
                 if nbytes < PACK_MAX and nbytes <= remember:
                     remember -= nbytes
                     self._remember(oid, buf)
-            entry = before[1] if before is not None else None
-            if entry is None or entry.id != oid or entry.shape != shape or \
-                    entry.nbytes != nbytes or entry.dtype != dtype:
+            if not again and (entry is None or entry.id != oid or entry.shape != shape or
+                              entry.nbytes != nbytes or entry.dtype != dtype):
                 # (shapes are tuples of ints, dtypes strs, ids and sizes exact: equal
                 # values are the same values, whose text is the same)
                 entry = TensorEntry(oid, dtype, shape, nbytes)

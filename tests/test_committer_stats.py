@@ -59,3 +59,47 @@ def test_statistics_follow_a_parent_that_moved_during_the_commit(repo, monkeypat
     assert commit.parents == (moved[0],)
     assert commit.stats["parent"] == moved[0]
     assert numbers(commit.stats) == numbers(recomputed(repo.workdir, moved[0], cid))
+
+
+def test_the_committer_reads_no_parent_back_and_its_statistics_match_the_store(
+        repo, monkeypatch):
+    """The Snapshotter's committer keeps the last snapshot's big tensors in memory (its
+    shared memory is reused) and lends them to the next snapshot's statistics: with big
+    tensors changed, unchanged, resized, retyped and removed, no parent is read back from
+    the store, and every commit's statistics are those computed from the store alone."""
+    from vrl.hooks import Snapshotter
+    from vrl.object_store import FileObjectStore
+
+    mapped: list[str] = []
+    for name in ("map_payload", "open_payload", "map_loose_tensor"):
+        real = getattr(FileObjectStore, name)
+        monkeypatch.setattr(FileObjectStore, name, lambda self, oid, *a, real=real:
+                            (mapped.append(oid), real(self, oid, *a))[1])
+    g = torch.Generator().manual_seed(1)
+    live = {"a.weight": torch.randn(600, 512, generator=g),  # 1.2 MB: loose, kept
+            "a.bias": torch.randn(512, generator=g),
+            "b.weight": torch.randn(700, 512, generator=g, dtype=torch.float64)}
+    steps = [lambda s: s["a.weight"].mul_(1.01),
+             lambda s: s["a.bias"].add_(1.0),  # a.weight unchanged in a moved layer
+             lambda s: s["b.weight"].add_(s["b.weight"].sign() * 1e-3),
+             lambda s: s.update({"b.weight": s["b.weight"].float()}),  # retyped
+             lambda s: s.update({"a.weight": torch.randn(601, 512, generator=g)}),
+             lambda s: s.pop("b.weight"),
+             lambda s: s["a.weight"].sub_(0.5)]
+    with Snapshotter(repo, live, include_rng=False, committer="thread") as snap:
+        snap.step(0)
+        snap.flush()
+        for i, change in enumerate(steps, 1):
+            with torch.no_grad():
+                change(live)
+            snap.step(i)
+            snap.flush()
+    commits = snap.commits
+    assert len(commits) == len(steps) + 1
+    ids = {e.id for cid in commits
+           for e in repo.read_manifest(repo.read_commit(cid).manifest).tensors.values()}
+    assert not ids & set(mapped), "a parent was read back from the store"
+    for parent, cid in zip(commits, commits[1:]):
+        stored = repo.read_commit(cid).stats
+        assert stored["parent"] == parent
+        assert numbers(stored) == numbers(recomputed(repo.workdir, parent, cid))

@@ -43,6 +43,10 @@ NUMPY_STATS_MAX = 1 << 22
 _NUMPY_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8",
                  "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
 NICENESS = 5  # the committer process's CPU priority below the trainer's
+# bytes of the last snapshot's big tensors the committer keeps a copy of, for the next
+# snapshot's statistics (which compare each changed tensor with its parent): read back
+# from the disk instead, each snapshot would fill fresh page-cache pages
+KEEP_BYTES = 2 << 30
 MAX_MESSAGE = 1 << 30  # a job description is small; anything bigger is a broken stream
 BEST_REASON = "snapshotter: best"  # reflog reason marking a best tag a Snapshotter set
 
@@ -124,6 +128,7 @@ class CommitWorker:
         self.best, self.best_at = best, best_at
         self.keep_last = keep_last
         self._prev: dict[str, Any] = {}
+        self._kept: dict[str, tuple[str, bytearray]] = {}  # name -> (object id, payload)
         self._failed = False
         # name -> xxh3-128 (hex) of each tensor the last job sent in full: the Snapshotter
         # checks the next state against these instead of byte-comparing held copies
@@ -153,20 +158,52 @@ class CommitWorker:
                 data = buf[start:start + size] if size else memoryview(b"")
                 tensors[name] = RawTensor(spec["dtype"], tuple(spec["shape"]), data)
         repo = self.repo
-        cid = repo.commit(FlatState(tensors, job["tree"], job["ties"]),
-                          message=job["message"], hparams=job["hparams"],
-                          metrics=job["metrics"], step=job["step"], env=self.env,
-                          meta=job["meta"], allow_empty=True, ref=self.ref)
+        repo.lent = {oid: payload for oid, payload in self._kept.values()}
+        try:
+            cid = repo.commit(FlatState(tensors, job["tree"], job["ties"]),
+                              message=job["message"], hparams=job["hparams"],
+                              metrics=job["metrics"], step=job["step"], env=self.env,
+                              meta=job["meta"], allow_empty=True, ref=self.ref)
+        finally:
+            repo.lent = {}
         self.digests = {n: d.hex() for n, d in repo.digests.items()
                         if isinstance(tensors.get(n), RawTensor)}
-        del tensors
         manifest = repo.read_manifest(repo.read_commit(cid).manifest)
         self._prev = {n: e for n, e in manifest.tensors.items() if not e.tie}
+        self._keep(tensors, self._prev)
+        del tensors
         self._failed = False
         self._tag_best(cid, job["metrics"])
         if self.keep_last:
             repo.prune(keep_last=self.keep_last, refs=[self.ref])
         return cid
+
+    def _keep(self, tensors: dict[str, Any], entries: dict[str, Any]) -> None:
+        """Copy the big tensors this job sent in full (their bytes leave with the shared
+        memory) into buffers kept from job to job, up to KEEP_BYTES; a copy of a tensor
+        sent as "same" still holds its bytes. Each copy is exactly its object's payload."""
+        from vrl.object_store import PACK_MAX
+        from vrl.safetensors_file import RawTensor
+
+        kept, total = {}, 0
+        for name, value in tensors.items():
+            entry, old = entries.get(name), self._kept.get(name)
+            if entry is None:
+                continue
+            if isinstance(value, RawTensor):
+                size = value.data.nbytes
+                if size < PACK_MAX or total + size > KEEP_BYTES:
+                    continue
+                # (the same buffer again when the size holds: its pages are in place)
+                payload = old[1] if old is not None and len(old[1]) == size \
+                    else bytearray(size)
+                payload[:] = value.data
+                kept[name] = (entry.id, payload)
+                total += size
+            elif old is not None and old[0] == entry.id and total + len(old[1]) <= KEEP_BYTES:
+                kept[name] = old
+                total += len(old[1])
+        self._kept = kept
 
     def _tag_best(self, cid: str, metrics: dict[str, Any]) -> None:
         from vrl.errors import RefConflictError
@@ -224,6 +261,9 @@ def _serve(sock: socket.socket) -> int:
 
     repo = Repo(config["repo"], fsync=config["fsync"], verify=config["verify"])
     repo.load_entry = numpy_loader(repo)  # type: ignore[method-assign]
+    # big objects' bulk straight from the shared memory to the disk (the trainer lays out
+    # the region for it): no copy into the page cache, none of the trainer's pages evicted
+    repo.objects.direct = True
     env = config["env"]
     if config.get("env_process") is not None:  # the trainer left the capture to us
         from vrl import envinfo

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vrl.errors import VrlError
+from vrl.object_store import DIRECT_MIN, direct_offset
 from vrl.repo import Repo
 
 ALIGN = 64  # tensor offsets in a region: any dtype may view its bytes
@@ -418,6 +419,8 @@ class Snapshotter:
                 self._drop_held(name, touched)
         offsets, size = [], 0
         for *_rest, nbytes in todo:
+            if nbytes >= DIRECT_MIN:  # (where the committer can write its bulk directly)
+                size = direct_offset(size)
             offsets.append(size)
             size += -(-nbytes // ALIGN) * ALIGN
         region = self._alloc(size) if size else None

@@ -99,7 +99,7 @@ def test_the_committer_reads_no_parent_back_and_its_statistics_match_the_store(
     ids = {e.id for cid in commits
            for e in repo.read_manifest(repo.read_commit(cid).manifest).tensors.values()}
     assert not ids & set(mapped), "a parent was read back from the store"
-    for parent, cid in zip(commits, commits[1:]):
+    for parent, cid in zip(commits[:-1], commits[1:], strict=True):
         stored = repo.read_commit(cid).stats
         assert stored["parent"] == parent
         assert numbers(stored) == numbers(recomputed(repo.workdir, parent, cid))

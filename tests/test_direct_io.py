@@ -199,3 +199,35 @@ def test_the_committer_writes_big_tensors_around_the_page_cache(repo):
         for name, tensor in want.items():
             assert torch.equal(got["model"][name], tensor)
             assert got["model"][name].dtype == tensor.dtype
+
+
+def test_the_committer_keeps_a_reused_region_mapped():
+    """A region the trainer sends again (a new descriptor of the same memfd) is the same
+    mapping, which sees what the trainer wrote since; beyond KEEP regions the oldest
+    mapping is closed."""
+    from vrl.committer import _Regions
+
+    regions, fds = _Regions(), []
+
+    def sent(fd: int) -> mmap.mmap:  # (what the committer does with a job's descriptor)
+        dup = os.dup(fd)
+        try:
+            return regions.map(dup)
+        finally:
+            os.close(dup)
+
+    for _ in range(_Regions.KEEP + 1):
+        fd = os.memfd_create("test-region")
+        os.ftruncate(fd, 3 * mmap.PAGESIZE)
+        fds.append(fd)
+    try:
+        first = sent(fds[0])
+        os.pwrite(fds[0], b"trainer wrote this", 100)
+        again = sent(fds[0])
+        assert again is first and again[100:118] == b"trainer wrote this"
+        others = [sent(fd) for fd in fds[1:]]
+        assert first.closed and not any(m.closed for m in others)
+        assert sent(fds[0]) is not first  # mapped anew
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -96,14 +96,19 @@ def main() -> None:
                         help="the Snapshotter's committer [its default]")
     parser.add_argument("--label", default="", help="a note stored with the results")
     parser.add_argument("--only", default="", help="run only the policies whose name "
-                        "contains this (e.g. warehouse)")
+                        "contains this (e.g. warehouse); the other policies' rows are kept "
+                        "from the last run's bench/out/snapshot_overhead.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="vrl-snap-"))
+    last = OUT / "snapshot_overhead.json"
+    kept = json.loads(last.read_text()) if args.only and last.exists() else {}
     results = {}
     try:
         for name, (hidden, envs, steps, mbs, epochs) in CASES.items():
             if args.only not in name:
+                if name in kept:
+                    results[name] = kept[name]
                 continue
             off, on, handover, flush = [], [], [], []
             cpu_off, cpu_on, committer_cpu = [], [], []

@@ -36,6 +36,12 @@ def laid_out(sizes: list[int], shift: int = 0) -> tuple[mmap.mmap, list[memoryvi
     return region, views
 
 
+def direct_store(root) -> FileObjectStore:
+    store = FileObjectStore(root)
+    store.direct = True
+    return store
+
+
 def store_all(store: FileObjectStore, views: list[memoryview]) -> list[str]:
     ids = [hash_object("tensor", view) for view in views]
     with store.batch():
@@ -70,8 +76,7 @@ def resident_bytes(path) -> int | None:
 
 def test_direct_writes_are_bit_exact_and_leave_the_page_cache_alone(tmp_path):
     region, views = laid_out(SIZES)
-    store = FileObjectStore(tmp_path / "objects")
-    store.direct = True
+    store = direct_store(tmp_path / "objects")
     ids = store_all(store, views)
     assert store.direct_writes == len(SIZES)
     for oid in ids:  # (before anything reads them back)
@@ -85,8 +90,7 @@ def test_the_usual_write_is_the_same_bytes(tmp_path):
     """Without `direct` the same objects go through the page cache, byte for byte the same
     files (the direct write is an implementation detail of how, never of what)."""
     region, views = laid_out(SIZES)
-    direct = FileObjectStore(tmp_path / "a")
-    direct.direct = True
+    direct = direct_store(tmp_path / "a")
     usual = FileObjectStore(tmp_path / "b")
     ids = store_all(direct, views)
     assert store_all(usual, views) == ids and usual.direct_writes == 0
@@ -99,8 +103,7 @@ def test_the_usual_write_is_the_same_bytes(tmp_path):
                          ids=["misaligned", "small"])
 def test_misaligned_or_small_payloads_are_written_as_usual(tmp_path, shift, sizes):
     region, views = laid_out(sizes, shift)
-    store = FileObjectStore(tmp_path / "objects")
-    store.direct = True
+    store = direct_store(tmp_path / "objects")
     ids = store_all(store, views)
     assert store.direct_writes == 0
     assert_exact(tmp_path / "objects", ids, views)
@@ -116,8 +119,7 @@ def test_a_file_system_without_o_direct_gets_the_usual_write(tmp_path, monkeypat
 
     monkeypatch.setattr(fcntl, "fcntl", refuse)
     region, views = laid_out(SIZES[:2])
-    store = FileObjectStore(tmp_path / "objects")
-    store.direct = True
+    store = direct_store(tmp_path / "objects")
     ids = store_all(store, views)
     assert store.direct_writes == 0
     assert_exact(tmp_path / "objects", ids, views)
@@ -143,8 +145,7 @@ def test_a_device_that_refuses_the_alignment_midway_gets_the_rest_as_usual(tmp_p
 
     monkeypatch.setattr(os, "pwrite", pwrite)
     region, views = laid_out(SIZES)
-    store = FileObjectStore(tmp_path / "objects")
-    store.direct = True
+    store = direct_store(tmp_path / "objects")
     ids = store_all(store, views)
     assert store.direct_writes == len(SIZES) and len(calls) == 2 * len(SIZES)
     assert_exact(tmp_path / "objects", ids, views)
@@ -160,8 +161,7 @@ def test_a_full_disk_during_a_direct_write_fails_cleanly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "pwrite", pwrite)
     region, views = laid_out(SIZES[:1])
-    store = FileObjectStore(tmp_path / "objects")
-    store.direct = True
+    store = direct_store(tmp_path / "objects")
     with pytest.raises(StorageError, match="disk full"):
         store_all(store, views)
     monkeypatch.setattr(os, "pwrite", real)

@@ -158,7 +158,7 @@ class CommitWorker:
                 data = buf[start:start + size] if size else memoryview(b"")
                 tensors[name] = RawTensor(spec["dtype"], tuple(spec["shape"]), data)
         repo = self.repo
-        repo.lent = {oid: payload for oid, payload in self._kept.values()}
+        repo.lent = {oid: memoryview(payload) for oid, payload in self._kept.values()}
         try:
             cid = repo.commit(FlatState(tensors, job["tree"], job["ties"]),
                               message=job["message"], hparams=job["hparams"],

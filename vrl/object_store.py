@@ -198,7 +198,7 @@ def _write_direct(fd: int, chunks: list[bytes | memoryview]) -> bool:
                     raise
                 break  # the device wants another alignment: the rest as usual
             done += written
-            if written % DIRECT_ALIGN:
+            if not written or written % DIRECT_ALIGN:
                 break
     finally:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags)

@@ -208,7 +208,7 @@ class Repo(Maintenance, WorkspaceMixin):
         # id -> a payload a caller keeps in memory and lends for read-only use (the
         # statistics): the Snapshotter's committer lends the last snapshot's big tensors,
         # so its next statistics read no object back from the disk
-        self.lent: dict[ObjectId, memoryview | bytearray] = {}
+        self.lent: dict[ObjectId, memoryview] = {}
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
         # second argument maps ids to the (kind, payload size) a manifest promised, so the
@@ -346,7 +346,7 @@ class Repo(Maintenance, WorkspaceMixin):
         fresh = self._fresh.get(entry.id)
         if fresh is None and mmap_min > MMAP_MIN:  # (read-only use)
             fresh = self.lent.get(entry.id)
-        if fresh is not None and len(fresh) == entry.nbytes:
+        if fresh is not None and fresh.nbytes == entry.nbytes:
             return fresh, 0
         # a payload kept from a recent commit serves small tensors, and read-only use of
         # bigger ones (statistics); a restored big tensor is mapped as always (it must be

@@ -42,6 +42,20 @@ def direct_store(root) -> FileObjectStore:
     return store
 
 
+@pytest.fixture
+def o_direct(tmp_path):
+    """Skip where the test folder's file system refuses O_DIRECT (the store then writes
+    as usual: the fallback tests cover that)."""
+    fd = os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+    except OSError:
+        pytest.skip("this file system has no O_DIRECT")
+    finally:
+        os.close(fd)
+        os.unlink(tmp_path / "probe")
+
+
 def store_all(store: FileObjectStore, views: list[memoryview]) -> list[str]:
     ids = [hash_object("tensor", view) for view in views]
     with store.batch():
@@ -74,7 +88,7 @@ def resident_bytes(path) -> int | None:
     return int(out.split()[0])
 
 
-def test_direct_writes_are_bit_exact_and_leave_the_page_cache_alone(tmp_path):
+def test_direct_writes_are_bit_exact_and_leave_the_page_cache_alone(tmp_path, o_direct):
     region, views = laid_out(SIZES)
     store = direct_store(tmp_path / "objects")
     ids = store_all(store, views)
@@ -129,8 +143,8 @@ def _direct(fd: int) -> bool:
     return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
 
 
-def test_a_device_that_refuses_the_alignment_midway_gets_the_rest_as_usual(tmp_path,
-                                                                        monkeypatch):
+def test_a_device_that_refuses_the_alignment_midway_gets_the_rest_as_usual(
+        tmp_path, monkeypatch, o_direct):
     """A short direct write, then EINVAL (a device wanting another alignment): the rest of
     the object goes through the page cache, and the file is still exactly the object."""
     real, calls = os.pwrite, []
@@ -151,7 +165,7 @@ def test_a_device_that_refuses_the_alignment_midway_gets_the_rest_as_usual(tmp_p
     assert_exact(tmp_path / "objects", ids, views)
 
 
-def test_a_full_disk_during_a_direct_write_fails_cleanly(tmp_path, monkeypatch):
+def test_a_full_disk_during_a_direct_write_fails_cleanly(tmp_path, o_direct, monkeypatch):
     real = os.pwrite
 
     def pwrite(fd, data, offset):
@@ -170,7 +184,7 @@ def test_a_full_disk_during_a_direct_write_fails_cleanly(tmp_path, monkeypatch):
     assert not list(fresh.temp_files())
 
 
-def test_the_committer_writes_big_tensors_around_the_page_cache(repo):
+def test_the_committer_writes_big_tensors_around_the_page_cache(repo, o_direct):
     """The Snapshotter lays its shared memory out for direct writes and its committer
     process uses them: every snapshot loads back bit-exactly, and right after it the big
     tensors' objects are not in the page cache (a buffered write would leave them there)."""

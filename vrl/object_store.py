@@ -210,7 +210,7 @@ def _write_direct(fd: int, chunks: list[bytes | memoryview]) -> bool:
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """Write every byte at `offset` (tests replace this to inject ENOSPC and crashes)."""
+    """Write every byte at `offset`."""
     view = memoryview(data).cast("B")
     while view:
         written = os.pwrite(fd, view[: 1 << 30], offset)

@@ -190,3 +190,30 @@ def test_help_lists_every_command_and_a_typo_gets_a_suggestion(ws, capsys):
     code, out, err = vrl(capsys, "init")
     code, out, err = vrl(capsys, "remote", "lst")
     assert code == 2 and "Did you mean 'list'?" in err
+
+
+def test_log_shows_every_commit_with_its_refs_and_a_detached_head(ws, capsys):
+    """The full log: one block per commit, refs named after the commit they point at
+    (HEAD's branch first, tags, other branches, a detached HEAD)."""
+    from vrl import Repo
+
+    vrl(capsys, "init")
+    save_policy()
+    vrl(capsys, "commit", "-m", "first\n\nthe body", "--step", "1", "--metric", "return=2.5",
+        "--no-env")
+    save_policy(bump=1.0)
+    vrl(capsys, "commit", "-m", "second", "--no-env")
+    repo = Repo(ws)
+    second = repo.resolve("HEAD")
+    first = repo.resolve("HEAD~1")
+    vrl(capsys, "tag", "best", first)
+    vrl(capsys, "branch", "side", first)
+    time1, time2 = repo.read_commit(first).time, repo.read_commit(second).time
+    code, out, _ = vrl(capsys, "log")
+    assert code == 0 and out == (
+        f"commit {second} (HEAD -> main)\nAuthor: tester\nDate:   {time2}\n\n    second\n\n"
+        f"commit {first} (side, tag: best)\nAuthor: tester\nDate:   {time1}\nStep:   1\n"
+        "Metrics: return=2.5\n\n    first\n    \n    the body\n\n")
+    repo.checkout(first)  # detached
+    code, out, _ = vrl(capsys, "log", "--oneline", "main")
+    assert out == f"{second[:12]} (main) second\n{first[:12]} (HEAD, side, tag: best) first\n"

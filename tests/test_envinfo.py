@@ -174,3 +174,14 @@ def test_packages_digest_ignores_a_source_trees_build_metadata(tmp_path, monkeyp
     assert _packages_digest() == before
     (tmp_path / "oldpkg-0.3-py3.10.egg-info").mkdir()  # an installed egg carries a version
     assert _packages_digest() != before
+
+
+def test_the_running_vrl_version_is_recorded_and_is_the_installed_one(tmp_path):
+    """A commit records the version of the code that made it, which the package metadata
+    reads from the same place (pyproject's version is vrl.__version__)."""
+    import importlib.metadata
+
+    import vrl
+
+    info = envinfo.capture(tmp_path)
+    assert info["vrl"] == vrl.__version__ == importlib.metadata.version("vrl")

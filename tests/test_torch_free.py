@@ -307,3 +307,38 @@ assert "torch" not in sys.modules
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
+
+
+HEAVY = ("yaml", "importlib.metadata", "concurrent.futures")
+
+
+def modules_loaded(ws, *args) -> set[str]:
+    """The modules `vrl ARGS` imported, run in a fresh interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VRL_AUTHOR": "tester"}
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys; from vrl.cli import main; code = main(sys.argv[1:]); "
+                           "print(*sorted(sys.modules), file=sys.stderr); sys.exit(code)",
+                           *args], cwd=ws, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    return set(proc.stderr.split())
+
+
+def test_file_and_history_commands_skip_the_heavy_imports(tmp_path):
+    """Start-up is most of a command's time: `commit FILE` (environment captured) and the
+    history commands import neither PyYAML (only --set values other than one number, boolean
+    or null need it) nor
+    importlib.metadata, and the read-only ones no thread pools either."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    save_file(policy(1), str(ws / "policy.safetensors"))
+    modules_loaded(ws, "init")
+    loaded = modules_loaded(ws, "commit", "-m", "v1", "--step", "3", "--metric", "r=1")
+    assert "torch" not in loaded and not loaded & set(HEAVY[:2]), loaded & set(HEAVY)
+    for args in (["log"], ["log", "--oneline"], ["show"], ["status"], ["diff", "HEAD"]):
+        loaded = modules_loaded(ws, *args)
+        assert not loaded & {"torch", *HEAVY}, (args, loaded & {"torch", *HEAVY})
+    assert "yaml" not in modules_loaded(ws, "commit", "-m", "v2", "--allow-empty", "--set",
+                                        "lr=3e-4")  # (one number: resolved without it)
+    assert "yaml" in modules_loaded(ws, "commit", "-m", "v3", "--allow-empty", "--set",
+                                    "layers=[64, 64]")

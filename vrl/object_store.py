@@ -18,8 +18,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -217,6 +217,9 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+if TYPE_CHECKING:  # (concurrent.futures imports logging: ~5-10 ms a read-only command)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
 _POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
@@ -231,6 +234,8 @@ def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
         with _POOLS_LOCK:
             pool = _POOLS.get(key)
             if pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 pool = _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix=name)
     return pool
 

@@ -25,7 +25,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -754,6 +753,8 @@ def _fsync_all(fds: list[int]) -> None:
     if len(fds) == 1:
         os.fsync(fds[0])
         return
+    from concurrent.futures import wait
+
     pool = thread_pool("vrl-ref-fsync", 8)
     futures = [pool.submit(os.fsync, fd) for fd in fds[1:]]
     try:

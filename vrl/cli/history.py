@@ -24,10 +24,11 @@ from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
 
 
-def _decorations(repo: Repo, entry: LogEntry) -> str:
-    head_target = repo.refs.head_target()
+def _decorations(entry: LogEntry, head_target: str | None, detached_at: str | None) -> str:
+    """` (HEAD -> main, tag: v1)` after a log line; HEAD is read once per log, by the caller
+    (`head_target`: HEAD's branch; `detached_at`: HEAD's commit when it is detached)."""
     names = []
-    if head_target is None and repo.head() == entry.id:
+    if head_target is None and detached_at == entry.id:
         names.append("HEAD")
     for ref in entry.refs:
         name = short_ref(ref)
@@ -74,24 +75,28 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
                  first_line(e.commit.message)] for e in entries]
         click.echo(table(["commit", "step", *names, "message"], rows))
         return
+    head_target = repo.refs.head_target()
+    detached_at = repo.head() if head_target is None else None
+    out: list[str] = []  # written at once: a click.echo per line cost more than the log
     for e in entries:
         c = e.commit
+        decorations = _decorations(e, head_target, detached_at)
         if oneline:
-            click.echo(f"{color(short(e.id), 'yellow')}{_decorations(repo, e)} "
-                       f"{first_line(c.message)}")
+            out.append(f"{color(short(e.id), 'yellow')}{decorations} {first_line(c.message)}")
             continue
-        click.echo(color(f"commit {e.id}", "yellow") + _decorations(repo, e))
-        click.echo(f"Author: {safe(c.author, True)}")
-        click.echo(f"Date:   {safe(c.time, True)}")
+        out.append(color(f"commit {e.id}", "yellow") + decorations)
+        out.append(f"Author: {safe(c.author, True)}")
+        out.append(f"Date:   {safe(c.time, True)}")
         if c.step is not None:
-            click.echo(f"Step:   {safe(c.step, True)}")
+            out.append(f"Step:   {safe(c.step, True)}")
         if c.metrics:
-            click.echo("Metrics: " + " ".join(f"{safe(k, True)}={fmt_num(v)}" for k, v in
+            out.append("Metrics: " + " ".join(f"{safe(k, True)}={fmt_num(v)}" for k, v in
                                               sorted(c.metrics.items())))
-        click.echo("")
-        for line in str(c.message or "").splitlines() or [""]:
-            click.echo(f"    {safe(line, True)}")
-        click.echo("")
+        out.append("")
+        out.extend(f"    {safe(line, True)}" for line in str(c.message or "").splitlines()
+                   or [""])
+        out.append("")
+    click.echo("\n".join(out))
 
 
 def _flat(data: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -11,6 +11,13 @@ copying changed tensors, plus any backpressure wait) and the final flush, and tw
 counts that load on the machine barely moves: the training thread's CPU time per snapshot
 beyond a run without snapshots, and the committer process's CPU time (user + sys, its
 start-up included) per snapshot. Writes bench/out/snapshot_overhead.json.
+
+On a machine whose speed drifts by several percent from run to run (a shared VM), the
+run-level figure needs many runs; `--in-run N` adds a steadier one: a single run of N
+iterations with a snapshot after every other one, where each iteration that follows a
+snapshot is timed against the iteration just before it (the same minute of the machine).
+Steady-state cost per snapshot = hand-over + (that iteration's extra time); start-up and
+the final flush are reported apart.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch
 
 from trainer.config import PPOConfig
 from trainer.envs.warehouse import WarehouseEnv
+from trainer.hooks import Hook
 from trainer.store_hook import StoreHook
 from trainer.train import Trainer
 from vrl import Repo
@@ -58,6 +66,38 @@ class TimedStoreHook(StoreHook):
         start = time.perf_counter()
         super().on_end(trainer, metrics)
         self.final_flush = time.perf_counter() - start
+
+
+class IterationTimes(Hook):
+    """Each iteration's wall time (rollout + update; no hook inside it)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_iteration_end(self, trainer, iteration, metrics) -> None:
+        self.times.append(metrics["perf/rollout_s"] + metrics["perf/update_s"])
+
+
+def in_run(hidden: list[int], num_envs: int, num_steps: int, minibatches: int, epochs: int,
+           iterations: int, repo_dir: Path) -> dict:
+    """A snapshot after every other iteration; iteration i+1 (after a snapshot) against
+    iteration i (after none)."""
+    cfg = PPOConfig(num_envs=num_envs, num_steps=num_steps, hidden_sizes=hidden,
+                    num_minibatches=minibatches, update_epochs=epochs,
+                    total_steps=num_envs * 20 * num_steps * iterations)
+    shutil.rmtree(repo_dir, ignore_errors=True)
+    hook = TimedStoreHook(Repo.init(repo_dir), branch="bench", best_metric=None, every=2)
+    times = IterationTimes()
+    Trainer(WarehouseEnv(num_envs, num_agents=20), cfg, hooks=[hook, times]).train()
+    t = times.times  # t[k]: iteration k + 1; snapshots after the even iterations
+    pairs = [(t[k - 1], t[k]) for k in range(2, len(t), 2)]  # (before, after a snapshot)
+    extra = statistics.median([after - before for before, after in pairs])
+    handover = statistics.median(hook.handover)
+    return {"iterations": iterations, "pairs": len(pairs),
+            "iteration_ms_median": 1e3 * statistics.median(t),
+            "extra_after_snapshot_ms": 1e3 * extra, "handover_ms_median": 1e3 * handover,
+            "steady_overhead_pct": 100 * (handover + extra) / statistics.median(t),
+            "final_flush_s": hook.final_flush}
 
 
 def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
@@ -95,6 +135,9 @@ def main() -> None:
     parser.add_argument("--committer", choices=["process", "thread"], default=None,
                         help="the Snapshotter's committer [its default]")
     parser.add_argument("--label", default="", help="a note stored with the results")
+    parser.add_argument("--in-run", type=int, default=0, metavar="N",
+                        help="also one run of N iterations, a snapshot after every other one "
+                        "(see above)")
     parser.add_argument("--only", default="", help="run only the policies whose name "
                         "contains this (e.g. warehouse); the other policies' rows are kept "
                         "from the last run's bench/out/snapshot_overhead.json")
@@ -135,6 +178,10 @@ def main() -> None:
                 "params": params, "model_mb": params * 4 / 1e6,
                 "iterations": args.iterations, "off_s": off, "every_iteration_s": on,
                 "overhead_pct": 100 * (statistics.median(on) / statistics.median(off) - 1),
+                # each "every iteration" run against the "off" run just before it (a drift
+                # of the machine's speed between rounds cancels out)
+                "paired_overhead_pct": 100 * (statistics.median(
+                    [b / a for a, b in zip(off, on, strict=True)]) - 1),
                 "lost_ms_per_snapshot": 1e3 * lost / snapshots,
                 "handover_ms_median": 1e3 * statistics.median(handover),
                 "final_flush_s_median": statistics.median(flush),
@@ -146,8 +193,19 @@ def main() -> None:
                 "store_mb": size / 1e6, "commits": snapshots,
                 "committer": args.committer or "default", "label": args.label,
             }
+            if args.in_run:
+                results[name]["in_run"] = in_run(hidden, envs, steps, mbs, epochs,
+                                                 args.in_run, work / "repo")
             r = results[name]
-            print(f"{name}: {r['overhead_pct']:+.1f}% ({statistics.median(off):.2f}s -> "
+            if "in_run" in r:
+                i = r["in_run"]
+                print(f"{name}, in-run ({i['pairs']} pairs): an iteration after a snapshot "
+                      f"{i['extra_after_snapshot_ms']:+.1f} ms against the one before it "
+                      f"({i['iteration_ms_median']:.0f} ms), hand-over "
+                      f"{i['handover_ms_median']:.1f} ms: {i['steady_overhead_pct']:+.1f}% in "
+                      "steady state", flush=True)
+            print(f"{name}: {r['overhead_pct']:+.1f}% (paired {r['paired_overhead_pct']:+.1f}%; "
+                  f"{statistics.median(off):.2f}s -> "
                   f"{statistics.median(on):.2f}s), {r['lost_ms_per_snapshot']:.1f} ms lost "
                   f"per snapshot, hand-over {r['handover_ms_median']:.1f} ms, final flush "
                   f"{r['final_flush_s_median']:.2f} s; CPU per snapshot: training thread "
@@ -169,6 +227,15 @@ def main() -> None:
                      f"{r['handover_ms_median']:.1f} ms | "
                      f"{r['loop_cpu_lost_ms_per_snapshot']:+.0f} ms / "
                      f"{r['committer_cpu_ms_per_snapshot']:.0f} ms | <= 3.5% |")
+    steady = [(name, r["in_run"]) for name, r in results.items() if "in_run" in r]
+    if steady:
+        lines += ["", "| policy | in-run: iterations (pairs) | iteration | an iteration after a "
+                  "snapshot vs the one before it | hand-over | steady-state overhead |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {i['iterations']} ({i['pairs']}) | "
+                  f"{i['iteration_ms_median']:.0f} ms | {i['extra_after_snapshot_ms']:+.1f} ms | "
+                  f"{i['handover_ms_median']:.1f} ms | {i['steady_overhead_pct']:+.1f}% |"
+                  for name, i in steady]
     (OUT / "snapshot_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

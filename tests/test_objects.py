@@ -1,5 +1,7 @@
 """Object encoding: headers, canonical bytes and ids are pinned (bytes are identity)."""
 
+import json
+
 import blake3
 import pytest
 from hypothesis import given
@@ -218,3 +220,20 @@ def test_an_object_id_is_what_the_id_pattern_matches(text):
 def test_a_header_is_its_text_padded_to_64_bytes(kind, size):
     text = f"vrl1 {kind} {size}".encode()
     assert header(kind, size) == text + b" " * (HEADER_SIZE - 1 - len(text)) + b"\n"
+
+
+@pytest.mark.parametrize("depth,siblings", [(100, 0), (101, 0), (99, 200), (101, 200)])
+def test_a_stored_object_nesting_past_the_limit_is_refused_however_many_brackets(
+        depth, siblings):
+    """Reading a commit refuses one whose metadata nests deeper than MAX_DEPTH (100 levels
+    with the commit itself), whether or not its brackets are few enough to skip the walk."""
+    payload = golden_commit().to_bytes()
+    nested = b"[" * (depth - 2) + b"]" * (depth - 2)  # (the commit and meta: two levels)
+    flat = b",".join([b"[]"] * siblings)
+    payload = payload.replace(b'"meta":{}', b'"meta":{"a":' + nested + b',"b":[' + flat + b"]}")
+    if depth > 100:
+        with pytest.raises(CorruptObjectError, match="nests deeper than 100 levels"):
+            Commit.from_bytes(payload)
+    else:
+        meta = Commit.from_bytes(payload).meta
+        assert meta["a"] == json.loads(nested) and len(meta["b"]) == siblings

@@ -68,6 +68,14 @@ class TimedStoreHook(StoreHook):
         self.final_flush = time.perf_counter() - start
 
 
+def config(hidden: list[int], num_envs: int, num_steps: int, minibatches: int, epochs: int,
+           iterations: int) -> PPOConfig:
+    """A case's PPO config for `iterations` iterations on the 20-AGV warehouse."""
+    return PPOConfig(num_envs=num_envs, num_steps=num_steps, hidden_sizes=hidden,
+                     num_minibatches=minibatches, update_epochs=epochs,
+                     total_steps=num_envs * 20 * num_steps * iterations)
+
+
 class IterationTimes(Hook):
     """Each iteration's wall time (rollout + update; no hook inside it)."""
 
@@ -82,9 +90,7 @@ def in_run(hidden: list[int], num_envs: int, num_steps: int, minibatches: int, e
            iterations: int, repo_dir: Path) -> dict:
     """A snapshot after every other iteration; iteration i+1 (after a snapshot) against
     iteration i (after none)."""
-    cfg = PPOConfig(num_envs=num_envs, num_steps=num_steps, hidden_sizes=hidden,
-                    num_minibatches=minibatches, update_epochs=epochs,
-                    total_steps=num_envs * 20 * num_steps * iterations)
+    cfg = config(hidden, num_envs, num_steps, minibatches, epochs, iterations)
     shutil.rmtree(repo_dir, ignore_errors=True)
     hook = TimedStoreHook(Repo.init(repo_dir), branch="bench", best_metric=None, every=2)
     times = IterationTimes()
@@ -105,9 +111,7 @@ def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
              committer: str | None = None
              ) -> tuple[float, int, TimedStoreHook | None, float, float]:
     """(wall s, parameters, hook, training thread CPU s, committer process CPU s)."""
-    cfg = PPOConfig(num_envs=num_envs, num_steps=num_steps, hidden_sizes=hidden,
-                    num_minibatches=minibatches, update_epochs=epochs,
-                    total_steps=num_envs * 20 * num_steps * iterations)
+    cfg = config(hidden, num_envs, num_steps, minibatches, epochs, iterations)
     env = WarehouseEnv(num_envs, num_agents=20)
     hook = None
     if repo_dir is not None:

@@ -42,6 +42,10 @@ def _to_float(text: str) -> float:
     return float(text)
 
 
+def _to_bool(text: str) -> bool:
+    return text.lower() == "true"
+
+
 def _plain(text: str) -> Any:
     """The value of a document that is exactly one plain scalar of the core schema (a
     number, boolean or null, nothing around it), else _NOT_FOUND. Such a document holds
@@ -51,7 +55,7 @@ def _plain(text: str) -> Any:
     if _FLOAT.fullmatch(text):
         return _to_float(text)
     if _BOOL.fullmatch(text):
-        return text.lower() == "true"
+        return _to_bool(text)
     if _NULL.fullmatch(text):
         return None
     return _NOT_FOUND
@@ -82,7 +86,7 @@ def _loader() -> type:
         Loader.add_implicit_resolver(tag, rx, first)
     for tag, convert in (("tag:yaml.org,2002:int", _to_int),
                          ("tag:yaml.org,2002:float", _to_float),
-                         ("tag:yaml.org,2002:bool", lambda text: text.lower() == "true")):
+                         ("tag:yaml.org,2002:bool", _to_bool)):
         Loader.add_constructor(
             tag, lambda loader, node, convert=convert: convert(str(
                 loader.construct_scalar(node))))

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_same, small_policy
@@ -71,10 +72,10 @@ def test_unchanged_layers_are_not_copied_or_rehashed(repo, monkeypatch, committe
     import vrl.hooks
 
     copied = []
-    real_copy = vrl.hooks._copy_into
-    monkeypatch.setattr(vrl.hooks, "_copy_into",
-                        lambda dst, value: (copied.append(tuple(value.shape)),
-                                            real_copy(dst, value)))
+    real_copy = vrl.hooks._copy_all
+    monkeypatch.setattr(vrl.hooks, "_copy_all",
+                        lambda pairs: (copied.extend(tuple(v.shape) for _, v in pairs),
+                                       real_copy(pairs)))
     model = small_policy()
     model[0].requires_grad_(False)  # a frozen layer
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
@@ -731,6 +732,52 @@ def test_interrupt_latch_watcher_survives_a_collection_that_frees_a_thread_local
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.stdout.strip() == "done", result.stderr
+
+
+def test_a_reused_region_takes_each_snapshots_own_layout(repo, committer):
+    """A region keeps the views of the last layout placed in it; a snapshot that changes
+    other tensors, or the same bytes as another dtype or shape, lays out its own."""
+    state = {"a": torch.zeros(64), "b": torch.zeros(8, 8), "c": np.zeros(16)}
+    expected = []
+    changes = [["a", "b", "c"], ["b"], ["a", "b", "c"], ["retype"], ["reshape"], ["a"]]
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        for i, change in enumerate(changes):
+            for name in change:
+                if name == "retype":  # the same 256 bytes as int32 under the same name
+                    state["b"] = torch.arange(64, dtype=torch.int32).reshape(8, 8)
+                elif name == "reshape":
+                    state["b"] = torch.arange(64, dtype=torch.int32).reshape(4, 16)
+                elif name == "c":
+                    state["c"] = state["c"] + i
+                else:
+                    with torch.no_grad():
+                        state[name].add_(i + 1)
+            snap.step(i)
+            snap.flush()  # each lands: the next snapshot reuses its region
+            expected.append({k: v.clone() if isinstance(v, torch.Tensor) else v.copy()
+                             for k, v in state.items()})
+    for entry, want in zip(reversed(repo.log()), expected, strict=True):
+        got = repo.load(entry.id)
+        for name, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert got[name].dtype == value.dtype and torch.equal(got[name], value)
+            else:
+                assert np.array_equal(got[name], value)
+
+
+def test_a_snapshot_of_empty_tensors_only(repo, committer):
+    """Nothing to copy (every changed tensor is empty) is still a snapshot."""
+    state = {"x": torch.empty(0), "y": np.zeros(0, dtype=np.float32)}
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        snap.step(0)
+        state["x"] = torch.empty(0, 3)
+        snap.step(1)
+        state["x"] = torch.ones(2, 3)
+        snap.step(2)
+    shapes = [tuple(repo.load(e.id)["x"].shape) for e in reversed(repo.log())]
+    assert shapes == [(0,), (0, 3), (2, 3)]
+    assert torch.equal(repo.load("HEAD")["x"], torch.ones(2, 3))
+    assert repo.load("HEAD")["y"].dtype == np.float32
 
 
 def test_a_snapshotted_tensor_can_still_be_resized(repo, committer):

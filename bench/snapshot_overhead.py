@@ -12,18 +12,24 @@ counts that load on the machine barely moves: the training thread's CPU time per
 beyond a run without snapshots, and the committer process's CPU time (user + sys, its
 start-up included) per snapshot. Writes bench/out/snapshot_overhead.json.
 
-On a machine whose speed drifts by several percent from run to run (a shared VM), the
-run-level figure needs many runs; `--in-run N` adds a steadier one: a single run of N
-iterations with a snapshot after every other one, where each iteration that follows a
-snapshot is timed against the iteration just before it (the same minute of the machine).
-Steady-state cost per snapshot = hand-over + (that iteration's extra time); start-up and
-the final flush are reported apart.
+Every run's wall time is split in two: the iterations themselves (rollout + update, as the
+trainer times them) and the rest, which is where the loop spends its time in the
+Snapshotter (its start, each hand-over, the final flush). The second part is measured
+directly in each run, and its difference between the two kinds of run is the time the
+loop spends in snapshot calls. The first part is where a shared VM's speed drift shows (the
+same iteration takes 600-930 ms on one of them): its difference between runs is mostly
+that drift, and what snapshots do to it (the committer working on another core while the
+loop trains) is measured better by `--in-run N`: one run of N iterations with a snapshot
+after every other one, where each iteration that follows a snapshot is timed against the
+mean of the iterations just before and just after it (which follow none): the same few
+seconds of the machine. Overheads come with a 95% bootstrap interval of their median.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import shutil
 import statistics
@@ -76,6 +82,21 @@ def config(hidden: list[int], num_envs: int, num_steps: int, minibatches: int, e
                      total_steps=num_envs * 20 * num_steps * iterations)
 
 
+def median_ci(values: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of `values` (seeded: a rerun on the same
+    numbers gives the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def _ci(r: dict, key: str, fmt: str = "{:+.1f}") -> str:
+    """A figure's 95% interval as "[low, high]" ("" where the results predate it)."""
+    interval = r.get(key + "_ci95")
+    return "[" + ", ".join(fmt.format(v) for v in interval) + "]" if interval else ""
+
+
 class IterationTimes(Hook):
     """Each iteration's wall time (rollout + update; no hook inside it)."""
 
@@ -96,21 +117,28 @@ def in_run(hidden: list[int], num_envs: int, num_steps: int, minibatches: int, e
     times = IterationTimes()
     Trainer(WarehouseEnv(num_envs, num_agents=20), cfg, hooks=[hook, times]).train()
     t = times.times  # t[k]: iteration k + 1; snapshots after the even iterations
-    pairs = [(t[k - 1], t[k]) for k in range(2, len(t), 2)]  # (before, after a snapshot)
-    extra = statistics.median([after - before for before, after in pairs])
+    # an iteration after a snapshot against the mean of its neighbours, which follow none
+    extras = [t[k] - (t[k - 1] + t[k + 1]) / 2 for k in range(2, len(t) - 1, 2)]
+    extra, iteration = statistics.median(extras), statistics.median(t)
+    low, high = median_ci(extras)
     handover = statistics.median(hook.handover)
-    return {"iterations": iterations, "pairs": len(pairs),
-            "iteration_ms_median": 1e3 * statistics.median(t),
-            "extra_after_snapshot_ms": 1e3 * extra, "handover_ms_median": 1e3 * handover,
-            "steady_overhead_pct": 100 * (handover + extra) / statistics.median(t),
+    return {"iterations": iterations, "pairs": len(extras),
+            "iteration_ms_median": 1e3 * iteration,
+            "extra_after_snapshot_ms": 1e3 * extra,
+            "extra_after_snapshot_ms_ci95": [1e3 * low, 1e3 * high],
+            "extra_after_snapshot_pct": 100 * extra / iteration,
+            "extra_after_snapshot_pct_ci95": [100 * low / iteration, 100 * high / iteration],
+            "handover_ms_median": 1e3 * handover,
+            "steady_overhead_pct": 100 * (handover + extra) / iteration,
             "final_flush_s": hook.final_flush}
 
 
 def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
              epochs: int, iterations: int, repo_dir: Path | None,
              committer: str | None = None
-             ) -> tuple[float, int, TimedStoreHook | None, float, float]:
-    """(wall s, parameters, hook, training thread CPU s, committer process CPU s)."""
+             ) -> tuple[float, float, int, TimedStoreHook | None, float, float]:
+    """(wall s, of it the iterations' own s, parameters, hook, training thread CPU s,
+    committer process CPU s)."""
     cfg = config(hidden, num_envs, num_steps, minibatches, epochs, iterations)
     env = WarehouseEnv(num_envs, num_agents=20)
     hook = None
@@ -120,7 +148,8 @@ def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
         options = {"committer": committer} if committer else {}
         hook = TimedStoreHook(Repo.init(repo_dir), branch="bench", best_metric=None,
                               **options)
-    trainer = Trainer(env, cfg, hooks=[hook] if hook else [])
+    times = IterationTimes()
+    trainer = Trainer(env, cfg, hooks=[times] + ([hook] if hook else []))
     params = sum(p.numel() for p in trainer.agent.parameters())
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     start, cpu = time.perf_counter(), time.thread_time()
@@ -128,7 +157,7 @@ def run_once(hidden: list[int], num_envs: int, num_steps: int, minibatches: int,
     wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the committer, reaped at close
     child = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    return wall, params, hook, cpu, child
+    return wall, sum(times.times), params, hook, cpu, child
 
 
 def main() -> None:
@@ -157,18 +186,20 @@ def main() -> None:
                 if name in kept:
                     results[name] = kept[name]
                 continue
-            off, on, handover, flush = [], [], [], []
+            off, on, its_off, its_on, handover, flush = [], [], [], [], [], []
             cpu_off, cpu_on, committer_cpu = [], [], []
             run_once(hidden, envs, steps, mbs, epochs, 1, None)  # warm up
             for _ in range(args.runs):
-                t, params, _, cpu, _ = run_once(hidden, envs, steps, mbs, epochs,
-                                                args.iterations, None)
+                t, its, params, _, cpu, _ = run_once(hidden, envs, steps, mbs, epochs,
+                                                     args.iterations, None)
                 off.append(t)
+                its_off.append(its)
                 cpu_off.append(cpu)
-                t, _, hook, cpu, child = run_once(hidden, envs, steps, mbs, epochs,
-                                                  args.iterations, work / "repo",
-                                                  args.committer)
+                t, its, _, hook, cpu, child = run_once(hidden, envs, steps, mbs, epochs,
+                                                       args.iterations, work / "repo",
+                                                       args.committer)
                 on.append(t)
+                its_on.append(its)
                 cpu_on.append(cpu)
                 committer_cpu.append(child)
                 handover += hook.handover
@@ -178,14 +209,27 @@ def main() -> None:
                        if p.is_file())
             snapshots = len(repo.log("bench"))
             lost = statistics.median(on) - statistics.median(off)
+            base = statistics.median(off)
+            # each "every iteration" run against the "off" run just before it (a drift
+            # of the machine's speed between rounds cancels out)
+            paired = [100 * (b / a - 1) for a, b in zip(off, on, strict=True)]
+            # the loop's time outside its iterations (in snapshot calls, with snapshots)
+            calls = [(b - bi) - (a - ai) for a, ai, b, bi in
+                     zip(off, its_off, on, its_on, strict=True)]
+            iterations_change = [100 * (bi / ai - 1) for ai, bi in
+                                 zip(its_off, its_on, strict=True)]
             results[name] = {
                 "params": params, "model_mb": params * 4 / 1e6,
                 "iterations": args.iterations, "off_s": off, "every_iteration_s": on,
-                "overhead_pct": 100 * (statistics.median(on) / statistics.median(off) - 1),
-                # each "every iteration" run against the "off" run just before it (a drift
-                # of the machine's speed between rounds cancels out)
-                "paired_overhead_pct": 100 * (statistics.median(
-                    [b / a for a, b in zip(off, on, strict=True)]) - 1),
+                "iterations_off_s": its_off, "iterations_every_iteration_s": its_on,
+                "overhead_pct": 100 * (statistics.median(on) / base - 1),
+                "paired_overhead_pct": statistics.median(paired),
+                "paired_overhead_pct_ci95": list(median_ci(paired)),
+                "in_snapshot_calls_ms_per_snapshot": 1e3 * statistics.median(calls) / snapshots,
+                "in_snapshot_calls_pct": 100 * statistics.median(calls) / base,
+                "in_snapshot_calls_pct_ci95": [100 * c / base for c in median_ci(calls)],
+                "iterations_change_pct": statistics.median(iterations_change),
+                "iterations_change_pct_ci95": list(median_ci(iterations_change)),
                 "lost_ms_per_snapshot": 1e3 * lost / snapshots,
                 "handover_ms_median": 1e3 * statistics.median(handover),
                 "final_flush_s_median": statistics.median(flush),
@@ -200,18 +244,33 @@ def main() -> None:
             if args.in_run:
                 results[name]["in_run"] = in_run(hidden, envs, steps, mbs, epochs,
                                                  args.in_run, work / "repo")
+            if args.in_run:
+                r = results[name]
+                i = r["in_run"]
+                # the run-level overhead from its two parts' steadier measures (a snapshot
+                # is never counted as speeding the next iteration up)
+                r["decomposed_overhead_pct"] = r["in_snapshot_calls_pct"] + \
+                    max(0.0, i["extra_after_snapshot_pct"])
+                r["decomposed_overhead_pct_ci95"] = [
+                    a + max(0.0, b) for a, b in zip(r["in_snapshot_calls_pct_ci95"],
+                                                    i["extra_after_snapshot_pct_ci95"],
+                                                    strict=True)]
             r = results[name]
             if "in_run" in r:
                 i = r["in_run"]
                 print(f"{name}, in-run ({i['pairs']} pairs): an iteration after a snapshot "
-                      f"{i['extra_after_snapshot_ms']:+.1f} ms against the one before it "
-                      f"({i['iteration_ms_median']:.0f} ms), hand-over "
+                      f"{i['extra_after_snapshot_ms']:+.1f} ms {_ci(i, 'extra_after_snapshot_ms')}"
+                      f" against its neighbours ({i['iteration_ms_median']:.0f} ms), hand-over "
                       f"{i['handover_ms_median']:.1f} ms: {i['steady_overhead_pct']:+.1f}% in "
                       "steady state", flush=True)
-            print(f"{name}: {r['overhead_pct']:+.1f}% (paired {r['paired_overhead_pct']:+.1f}%; "
-                  f"{statistics.median(off):.2f}s -> "
-                  f"{statistics.median(on):.2f}s), {r['lost_ms_per_snapshot']:.1f} ms lost "
-                  f"per snapshot, hand-over {r['handover_ms_median']:.1f} ms, final flush "
+            print(f"{name}: {r['overhead_pct']:+.1f}% (paired {r['paired_overhead_pct']:+.1f}% "
+                  f"{_ci(r, 'paired_overhead_pct')}; {statistics.median(off):.2f}s -> "
+                  f"{statistics.median(on):.2f}s), in snapshot calls "
+                  f"{r['in_snapshot_calls_pct']:+.2f}% "
+                  f"({r['in_snapshot_calls_ms_per_snapshot']:.1f} ms per snapshot), the "
+                  f"iterations' own time {r['iterations_change_pct']:+.1f}% "
+                  f"{_ci(r, 'iterations_change_pct')}, {r['lost_ms_per_snapshot']:.1f} ms "
+                  f"lost per snapshot, hand-over {r['handover_ms_median']:.1f} ms, final flush "
                   f"{r['final_flush_s_median']:.2f} s; CPU per snapshot: training thread "
                   f"{r['loop_cpu_lost_ms_per_snapshot']:+.1f} ms, committer "
                   f"{r['committer_cpu_ms_per_snapshot']:.0f} ms", flush=True)
@@ -219,27 +278,43 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "snapshot_overhead.json").write_text(json.dumps(results, indent=1))
-    lines = ["| policy | parameters | iterations | no snapshots | snapshot every iteration "
-             "| overhead | lost per snapshot | hand-over | training CPU / committer CPU per "
-             "snapshot | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| policy | parameters | runs x iterations | no snapshots | snapshot every "
+             "iteration | overhead: medians / paired (95% interval) | in snapshot calls "
+             "(per snapshot) | the iterations' own time, paired | hand-over | training CPU / "
+             "committer CPU per snapshot | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
+        calls = (f"{r['in_snapshot_calls_pct']:+.2f}% "
+                 f"({r['in_snapshot_calls_ms_per_snapshot']:.1f} ms)"
+                 if "in_snapshot_calls_pct" in r else "-")
+        change = (f"{r['iterations_change_pct']:+.1f}% {_ci(r, 'iterations_change_pct')}"
+                  if "iterations_change_pct" in r else "-")
         lines.append(f"| {name} | {r['params'] / 1e6:.2f} M ({r['model_mb']:.0f} MB) | "
-                     f"{r['iterations']} | {statistics.median(r['off_s']):.2f} s | "
+                     f"{len(r['off_s'])} x {r['iterations']} | "
+                     f"{statistics.median(r['off_s']):.2f} s | "
                      f"{statistics.median(r['every_iteration_s']):.2f} s | "
-                     f"{r['overhead_pct']:+.1f}% | {r['lost_ms_per_snapshot']:.1f} ms | "
+                     f"{r['overhead_pct']:+.1f}% / {r['paired_overhead_pct']:+.1f}% "
+                     f"{_ci(r, 'paired_overhead_pct')} | {calls} | {change} | "
                      f"{r['handover_ms_median']:.1f} ms | "
                      f"{r['loop_cpu_lost_ms_per_snapshot']:+.0f} ms / "
                      f"{r['committer_cpu_ms_per_snapshot']:.0f} ms | <= 3.5% |")
-    steady = [(name, r["in_run"]) for name, r in results.items() if "in_run" in r]
+    steady = [(name, r) for name, r in results.items() if "in_run" in r]
     if steady:
-        lines += ["", "| policy | in-run: iterations (pairs) | iteration | an iteration after a "
-                  "snapshot vs the one before it | hand-over | steady-state overhead |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {name} | {i['iterations']} ({i['pairs']}) | "
-                  f"{i['iteration_ms_median']:.0f} ms | {i['extra_after_snapshot_ms']:+.1f} ms | "
-                  f"{i['handover_ms_median']:.1f} ms | {i['steady_overhead_pct']:+.1f}% |"
-                  for name, i in steady]
+        lines += ["", "| policy | in-run: iterations (pairs) | iteration | an iteration after "
+                  "a snapshot vs its neighbours (95% interval) | hand-over | steady-state "
+                  "overhead | overhead = in snapshot calls + the iteration after (95% "
+                  "interval) |", "|---|---|---|---|---|---|---|"]
+        for name, r in steady:
+            i = r["in_run"]
+            decomposed = (f"**{r['decomposed_overhead_pct']:+.1f}%** "
+                          f"{_ci(r, 'decomposed_overhead_pct')}"
+                          if "decomposed_overhead_pct" in r else "-")
+            lines.append(f"| {name} | {i['iterations']} ({i['pairs']}) | "
+                         f"{i['iteration_ms_median']:.0f} ms | "
+                         f"{i['extra_after_snapshot_ms']:+.1f} ms "
+                         f"{_ci(i, 'extra_after_snapshot_ms', '{:+.0f}')} | "
+                         f"{i['handover_ms_median']:.1f} ms | "
+                         f"{i['steady_overhead_pct']:+.1f}% | {decomposed} |")
     (OUT / "snapshot_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -765,6 +765,30 @@ def test_a_reused_region_takes_each_snapshots_own_layout(repo, committer):
                 assert np.array_equal(got[name], value)
 
 
+def test_a_hand_over_whose_copy_fails_loses_no_later_change(repo, monkeypatch, committer):
+    """The copy fails (a device error, say): that snapshot raises, nothing of it is
+    committed, and the next one still sees every write since the last that landed."""
+    import vrl.hooks
+
+    state = exact_state()
+    with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
+        snap.step(0)
+        state["w"].data[1, 2] += 1.0  # unseen by the version counter
+        state["t"].data[5] = 7.0
+
+        def broken(pairs):
+            raise RuntimeError("copy failed")
+
+        real = vrl.hooks._copy_all
+        monkeypatch.setattr(vrl.hooks, "_copy_all", broken)
+        with pytest.raises(RuntimeError, match="copy failed"):
+            snap.step(1)
+        monkeypatch.setattr(vrl.hooks, "_copy_all", real)
+        snap.step(2)
+    assert len(repo.log()) == 2
+    assert_same({k: v.detach() for k, v in state.items()}, repo.load("HEAD"))
+
+
 def test_a_snapshot_of_empty_tensors_only(repo, committer):
     """Nothing to copy (every changed tensor is empty) is still a snapshot."""
     state = {"x": torch.empty(0), "y": np.zeros(0, dtype=np.float32)}

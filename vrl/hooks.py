@@ -461,19 +461,20 @@ class Snapshotter:
         else:  # nothing but empty tensors changed: nothing to copy
             empty = torch.empty(0, dtype=torch.uint8)
             views = [(empty, empty)] * len(todo)
-        copies = []
-        for (name, value, key, version, dtype, nbytes), offset, (flat, typed) in zip(
+        # every copy before any bookkeeping: a copy that fails leaves what is held as it was
+        _copy_all([(typed, value if isinstance(value, torch.Tensor)
+                    else value.reshape(-1).view(np.uint8))
+                   for (_name, value, *_rest, nbytes), (_flat, typed) in zip(todo, views,
+                                                                             strict=True)
+                   if nbytes])
+        for (name, value, key, version, dtype, nbytes), offset, (flat, _typed) in zip(
                 todo, offsets, views, strict=True):
-            if nbytes:
-                copies.append((typed, value if isinstance(value, torch.Tensor)
-                               else value.reshape(-1).view(np.uint8)))
             self._drop_held(name, touched)
             self._held[name] = _Held(key, version, flat, region, job_id)
             if region is not None:
                 region.held += nbytes
             specs[name] = {"dtype": dtype, "shape": list(value.shape), "offset": offset,
                            "nbytes": nbytes}
-        _copy_all(copies)
         for old in touched - {region}:
             self._recycle(old)
         return {n: specs[n] for n in tensors}, region

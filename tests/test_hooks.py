@@ -765,12 +765,43 @@ def test_a_reused_region_takes_each_snapshots_own_layout(repo, committer):
                 assert np.array_equal(got[name], value)
 
 
+def snapshot_memfds() -> int:
+    """Shared-memory regions this process holds open."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:vrl-snapshot")
+        except OSError:  # (the directory's own descriptor, closed by now)
+            pass
+    return count
+
+
+@pytest.mark.parametrize("settle", [False, True], ids=["queued", "settled"])
+def test_closing_frees_every_shared_region(repo, settle):
+    """Regions still viewed by held copies (the unchanged tensors') are freed at close
+    too: an open memfd keeps its memory until the process ends, once per Snapshotter."""
+    state = exact_state()
+    before = snapshot_memfds()
+    with Snapshotter(repo, state_fn=lambda: state, committer="process") as snap:
+        for i in range(3):
+            snap.step(i)
+            if settle:
+                snap.flush()
+            with torch.no_grad():
+                state["t"].add_(1.0)  # `w` stays: its copy holds the first region
+        assert snapshot_memfds() > before
+    assert snapshot_memfds() == before
+    assert len(repo.log()) == 3
+
+
 def test_a_hand_over_whose_copy_fails_loses_no_later_change(repo, monkeypatch, committer):
     """The copy fails (a device error, say): that snapshot raises, nothing of it is
-    committed, and the next one still sees every write since the last that landed."""
+    committed, the next one still sees every write since the last that landed, and the
+    failed one's region is not leaked."""
     import vrl.hooks
 
     state = exact_state()
+    before = snapshot_memfds()
     with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
         snap.step(0)
         state["w"].data[1, 2] += 1.0  # unseen by the version counter
@@ -785,6 +816,7 @@ def test_a_hand_over_whose_copy_fails_loses_no_later_change(repo, monkeypatch, c
             snap.step(1)
         monkeypatch.setattr(vrl.hooks, "_copy_all", real)
         snap.step(2)
+    assert snapshot_memfds() == before
     assert len(repo.log()) == 2
     assert_same({k: v.detach() for k, v in state.items()}, repo.load("HEAD"))
 

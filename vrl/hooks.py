@@ -120,7 +120,9 @@ class _Region:
         self.in_flight = False
 
     def close(self) -> None:
-        del self.bytes
+        """Free the memory (idempotent): its descriptor at once, the mapping with the last
+        view of it."""
+        self.bytes = None
         self.views = []
         if self.fd is not None:
             os.close(self.fd)
@@ -272,6 +274,9 @@ class Snapshotter:
         self._calls = 0
         self._held: dict[str, _Held] = {}
         self._free: list[_Region] = []
+        # every region not closed yet: held copies keep some out of `_free`, and a memfd
+        # left open at close would keep its memory until the process ends
+        self._regions: set[_Region] = set()
         self._limit = max(1, queue_size) + 1
         self._in_flight: dict[int, _Region | None] = {}
         self._finished: collections.deque[_Region] = collections.deque()
@@ -461,12 +466,17 @@ class Snapshotter:
         else:  # nothing but empty tensors changed: nothing to copy
             empty = torch.empty(0, dtype=torch.uint8)
             views = [(empty, empty)] * len(todo)
-        # every copy before any bookkeeping: a copy that fails leaves what is held as it was
-        _copy_all([(typed, value if isinstance(value, torch.Tensor)
-                    else value.reshape(-1).view(np.uint8))
-                   for (_name, value, *_rest, nbytes), (_flat, typed) in zip(todo, views,
-                                                                             strict=True)
-                   if nbytes])
+        # every copy before any bookkeeping: a copy that fails leaves what is held as it
+        # was, and its region free for the next snapshot
+        try:
+            _copy_all([(typed, value if isinstance(value, torch.Tensor)
+                        else value.reshape(-1).view(np.uint8))
+                       for (_name, value, *_rest, nbytes), (_flat, typed) in zip(
+                           todo, views, strict=True) if nbytes])
+        except BaseException:
+            if region is not None:
+                self._recycle(region)
+            raise
         for (name, value, key, version, dtype, nbytes), offset, (flat, _typed) in zip(
                 todo, offsets, views, strict=True):
             self._drop_held(name, touched)
@@ -510,7 +520,9 @@ class Snapshotter:
             region = min(fits, key=lambda r: r.size)
             self._free.remove(region)
             return region
-        return _Region(-(-size // (1 << 16)) * (1 << 16), self.committer == "process")
+        region = _Region(-(-size // (1 << 16)) * (1 << 16), self.committer == "process")
+        self._regions.add(region)
+        return region
 
     def _recycle(self, region: _Region) -> None:
         """Reuse a region nothing views any more; move the last held copies out of a
@@ -525,7 +537,9 @@ class Snapshotter:
         if region.held == 0:
             self._free.append(region)
             while len(self._free) > self._limit + 1:
-                self._free.pop(0).close()
+                old = self._free.pop(0)
+                self._regions.discard(old)
+                old.close()
 
     def _reap(self) -> None:
         """Regions of snapshots the committer has finished with become reusable."""
@@ -660,8 +674,9 @@ class Snapshotter:
             self._restore_sigterm()
             self._reap()
             self._held.clear()
-            for region in self._free:
+            for region in self._regions:
                 region.close()
+            self._regions.clear()
             self._free.clear()
         self._raise_pending()
 

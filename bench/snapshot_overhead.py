@@ -241,12 +241,10 @@ def main() -> None:
                 "store_mb": size / 1e6, "commits": snapshots,
                 "committer": args.committer or "default", "label": args.label,
             }
+            r = results[name]
             if args.in_run:
-                results[name]["in_run"] = in_run(hidden, envs, steps, mbs, epochs,
-                                                 args.in_run, work / "repo")
-            if args.in_run:
-                r = results[name]
-                i = r["in_run"]
+                i = r["in_run"] = in_run(hidden, envs, steps, mbs, epochs, args.in_run,
+                                         work / "repo")
                 # the run-level overhead from its two parts' steadier measures (a snapshot
                 # is never counted as speeding the next iteration up)
                 r["decomposed_overhead_pct"] = r["in_snapshot_calls_pct"] + \
@@ -255,7 +253,6 @@ def main() -> None:
                     a + max(0.0, b) for a, b in zip(r["in_snapshot_calls_pct_ci95"],
                                                     i["extra_after_snapshot_pct_ci95"],
                                                     strict=True)]
-            r = results[name]
             if "in_run" in r:
                 i = r["in_run"]
                 print(f"{name}, in-run ({i['pairs']} pairs): an iteration after a snapshot "

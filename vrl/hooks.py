@@ -460,9 +460,10 @@ class Snapshotter:
             region.used = size
             # (a tensor's key holds its shape and dtype; an array's copy is its flat bytes)
             views = region.views_for(tuple(
-                (offset, item[5], item[2][5], item[2][3]) if len(item[2]) == 6 else
-                (offset, item[5], None, (item[5],))
-                for item, offset in zip(todo, offsets, strict=True)))
+                (offset, nbytes, key[5], key[3]) if isinstance(value, torch.Tensor) else
+                (offset, nbytes, None, (nbytes,))
+                for (_name, value, key, *_rest, nbytes), offset in zip(todo, offsets,
+                                                                       strict=True)))
         else:  # nothing but empty tensors changed: nothing to copy
             empty = torch.empty(0, dtype=torch.uint8)
             views = [(empty, empty)] * len(todo)

@@ -51,10 +51,16 @@ MAX_NAME = 1000
 
 
 def check_ref_name(name: str, what: str = "ref") -> str:
-    """Validate a full ref name (refs/heads/x) or short name (x), Git's rules; return it."""
+    """Validate a full ref name (refs/heads/x) or short name (x), Git's rules; return it.
+
+    A short name (`what` is "branch", "tag" or "remote") may not start with '-', as in
+    Git: on a command line it would be read as an option.
+    """
     problem = None
     if not name:
         problem = "it is empty"
+    elif name.startswith("-") and what != "ref":
+        problem = "it starts with '-'"
     elif name.startswith("/") or name.endswith("/"):
         problem = "it starts or ends with '/'"
     elif "//" in name:

@@ -71,7 +71,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -500,10 +500,15 @@ class Journal:
         data = _read_all(fd, os.fstat(fd).st_size)
         records, end = parse(data, start)
         for i, record in enumerate(records):
-            if record.external and not self.objects.pack_intact(record.pack):
+            if record.external and i == len(records) - 1 and \
+                    not self.objects.pack_intact(record.pack) and \
+                    not self.objects.has(record.new):
                 # its commit's round of fsyncs never ended (a record is appended only
-                # after the one before is done): neither it nor anything after it was
-                # reported; its half-written pack goes with it
+                # after the one before is done, so only the last can be unfinished):
+                # it was not reported; its half-written pack goes with it. An earlier
+                # record's pack that is gone was merged into another (its commit is
+                # there) or damaged: the record stands either way, and fsck reports
+                # what is missing - a later, reported commit is never dropped.
                 discard(Path(self.objects._pack_dir) / record.pack)
                 records, end = records[:i], record.offset
                 break
@@ -732,18 +737,36 @@ class Journal:
                                         ) from exc
             yield
 
-    def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False
-                    ) -> None:
+    @contextlib.contextmanager
+    def maintaining(self) -> Iterator[Callable[[Iterable[str]], None]]:
+        """Hold the journal for a step that removes files (a pack merge, repack, gc):
+        no record is appended meanwhile. Yields `settle(packs)`, which the step calls once
+        what it wrote is durable and before it removes anything: it checkpoints, so that
+        no record still needs a file the step removes. `packs`: those whose objects the
+        step has copied durably elsewhere - not fsynced first, as they go."""
+        with self.held() as handle:
+            handle.seen = None
+
+            def settle(packs: Iterable[str] = ()) -> None:
+                if handle.tail > HEADER.size:
+                    records = parse(_read_all(handle.fd, handle.tail))[0]
+                    self._checkpoint(handle, records, skip=frozenset(packs))
+
+            yield settle
+
+    def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False,
+                    skip: frozenset[str] = frozenset()) -> None:
         """Make what `records` materialised durable, then start a new epoch at offset 64
         (every record so far is stale). `drop`: also cut the file (a legacy journal's
-        records have no epoch), as where it grew past what the records use."""
+        records have no epoch), as where it grew past what the records use. `skip`:
+        packs not to fsync (their objects are durable in another one)."""
         files: set[str] = set()
         dirs: set[str] = set()
         vrl = os.fspath(self.vrl_dir)
         for record in records:
             named = [os.fspath(self.refs._path(record.ref))]
             named += [os.fspath(self.refs._log_path(log)) for log, _ in record.logs]
-            if record.pack:
+            if record.pack and record.pack not in skip:
                 named.append(f"{self.objects._pack_dir}/{record.pack}")
             for path in named:
                 files.add(path)

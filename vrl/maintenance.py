@@ -313,9 +313,8 @@ class Maintenance:
     def repack(self: Repo) -> tuple[int, int]:
         """Merge all packs and small loose objects into one pack; return (objects packed,
         files removed). Crash-safe: the new pack is durable before anything goes."""
-        if self.journal is not None:
-            self.journal.checkpoint()
-        return self.objects.repack()
+        with self.maintaining() as settle:
+            return self.objects.repack(settle)
 
     # ------------------------------------------------------------------ fsck
     def fsck(self: Repo, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:

@@ -275,8 +275,9 @@ class RefStore:
             return None
         except OSError as exc:
             raise storage_error(exc, self.root, f"reading {name}") from exc
-        # garbage bytes must not crash a reader: they show up as damage (see `problem`)
-        return data.decode("utf-8", "replace").strip() or None
+        # garbage bytes must not crash a reader: they show up as damage (see `problem`);
+        # an empty file (what a write torn by a power cut leaves) too: "", not None (unborn)
+        return data.decode("utf-8", "replace").strip()
 
     def read(self, name: str) -> ObjectId | None:
         """Resolve a ref (following HEAD's symbolic link) to an id, or None if unborn."""
@@ -289,11 +290,29 @@ class RefStore:
             if raw.startswith("ref: "):
                 name = raw[5:]
                 continue
+            if not raw:
+                raise RevisionError(f"ref {name} is empty (a write cut short by a crash); "
+                                    f"{self._restore_hint(name)}")
             if not is_object_id(raw):
                 raise RevisionError(f"ref {name} is damaged: it holds {raw[:20]!r}, not a "
                                     f"commit id; {_repair_hint(name)}")
             return ObjectId(raw)
         raise RevisionError(f"ref {name} is a symbolic-ref loop")
+
+    def _restore_hint(self, name: str) -> str:
+        """How to restore a ref whose content was lost: its reflog's last value."""
+        try:
+            entries = self.read_log(name).entries
+        except VrlError:
+            entries = []
+        last = next((e.new for e in entries if e.new), None)
+        if last is None:
+            return f"its reflog names no value to restore; {_repair_hint(name)}"
+        short = short_ref(name)
+        if name.startswith(("refs/heads/", "refs/tags/")):
+            verb = "branch -f" if name.startswith("refs/heads/") else "tag -f"
+            return f"its reflog's last value restores it: `vrl {verb} {short} {last[:12]}`"
+        return f"its reflog's last value is {last[:12]}: write {last} into .vrl/{name}"
 
     def problem(self, name: str) -> str | None:
         """Why the ref cannot be read (its file holds no commit id), or None if it can."""

@@ -16,7 +16,7 @@ import re
 import time as _time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -436,6 +436,17 @@ class Repo(Maintenance, WorkspaceMixin):
         them). Only code that reads `.vrl/`'s files itself needs this."""
         if self.journal is not None:
             self.journal.wait()
+
+    @contextlib.contextmanager
+    def maintaining(self) -> Iterator[Callable[[Iterable[str]], None]]:
+        """Hold the repository for a step that removes files (a pack merge, repack):
+        yields `settle(packs)`, to call once what the step wrote is durable and before it
+        removes anything (`Journal.maintaining`; docs/durability.md)."""
+        if self.journal is None:
+            yield lambda packs=(): None
+            return
+        with self.journal.maintaining() as settle:
+            yield settle
 
     # ------------------------------------------------------------------ revisions
     def head(self) -> ObjectId | None:
@@ -877,8 +888,8 @@ class Repo(Maintenance, WorkspaceMixin):
             self._last = (ref, cid)
             try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
                 if self.objects.merge_due():
-                    self.sync()  # this commit's pack in place first (see Journal.commit)
-                    self.objects.consolidate()
+                    with self.maintaining() as settle:
+                        self.objects.consolidate(settle)
             except VrlError:
                 pass  # the commit is done; the next one tries again
             return cid

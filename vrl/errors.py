@@ -26,6 +26,10 @@ class InvalidRefNameError(VrlError, ValueError):
     """A branch, tag or remote name is not allowed."""
 
 
+class ConfigError(VrlError, ValueError):
+    """A setting of `.vrl/config` is unknown, or its value is not one it may have."""
+
+
 class RefConflictError(VrlError):
     """A ref moved while we were updating it (compare-and-swap failed)."""
 

@@ -25,6 +25,7 @@ BUILTINS = {
     **dict.fromkeys(["remote", "push", "fetch", "pull", "clone"], "remotes"),
     **dict.fromkeys(["compare", "plot"], "viz"),
     **dict.fromkeys(["ui", "report"], "ui"),
+    "config": "config",
 }
 
 

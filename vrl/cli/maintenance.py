@@ -31,7 +31,7 @@ def pending_note(repo: Repo, grace: float | None = None) -> tuple[int, float | N
 
 
 @click.command()
-@click.option("--grace", type=float, default=None, metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Keep unreachable objects younger than this [default: gc.grace, 3600].")
 @click.option("--now", is_flag=True, help="Same as --grace 0.")
 @click.option("--dry-run", is_flag=True, help="Only report what would be removed.")

@@ -282,6 +282,14 @@ def _write_safetensors(tree: Any, path: Path) -> None:
     write_stream(path, head, (data[name][0] for name in order))
 
 
+def _stat_key(st: os.stat_result) -> dict[str, int]:
+    """What the workspace stat cache compares, as Git's index does. Size and mtime alone
+    miss a change that keeps both (`cp -p`, `rsync -t`, `tar`, `os.utime`); such a change
+    still sets the file's ctime, and a file put in its place has another inode."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "ino": st.st_ino, "dev": st.st_dev}
+
+
 def _boot_id() -> str | None:
     """This boot of the machine (Linux), to tell a stat cache written before a restart."""
     try:
@@ -305,36 +313,50 @@ class WorkspaceMixin:
                            ) -> tuple[ObjectId, Manifest] | None:
         """The manifest the workspace checkpoint would have (None if the file is absent).
 
-        A stat cache (`.vrl/index`) avoids re-reading a file unchanged since vrl wrote or
-        committed it, as Git's index does. It holds until the machine restarts: a checkout
-        does not fsync the file it writes (neither do git and dvc), so after a power cut
-        the file may lack bytes its size and time promise, and it is read again instead.
+        A stat cache (`.vrl/index`) avoids re-reading a file unchanged since vrl wrote,
+        committed or last read it, as Git's index does: size, mtime, ctime, inode and
+        device must all match (`_stat_key`). It holds until the machine restarts: a
+        checkout does not fsync the file it writes (neither do git and dvc), so after a
+        power cut the file may lack bytes its size and time promise, and it is read again
+        instead.
         """
         path = path or self.workspace_path
-        if not path.exists():
+        try:
+            before = path.stat()
+        except OSError:
             return None
-        cached = self._index_lookup(path)
+        cached = self._index_lookup(path, before)
         if cached and self.objects.has(cached):
             return cached, self.read_manifest(cached)
         mid, manifest, _ = self.snapshot(open_checkpoint(path), write=False)
+        if self.objects.has(mid):  # committed content: the next look needs no re-read
+            self.record_workspace(path, mid, before)
         return mid, manifest
 
-    def _index_lookup(self: Repo, path: Path) -> ObjectId | None:
+    def _index_lookup(self: Repo, path: Path, st: os.stat_result) -> ObjectId | None:
         try:
             index = json.loads(self._index_path().read_text())
-            st = path.stat()
         except (OSError, ValueError):
             return None
-        if index.get("path") == str(path.resolve()) and index.get("size") == st.st_size \
-                and index.get("mtime_ns") == st.st_mtime_ns and \
+        # (an index of an older vrl lacks ctime, inode and device: it misses)
+        if isinstance(index, dict) and index.get("path") == str(path.resolve()) and \
+                all(index.get(k) == v for k, v in _stat_key(st).items()) and \
                 index.get("boot") == _boot_id() and is_object_id(index.get("manifest", "")):
             return ObjectId(index["manifest"])
         return None
 
-    def record_workspace(self: Repo, path: Path, manifest: ObjectId) -> None:
-        st = path.stat()
-        data = {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "boot": _boot_id(), "manifest": manifest}
+    def record_workspace(self: Repo, path: Path, manifest: ObjectId,
+                         before: os.stat_result | None = None) -> None:
+        """Remember that `path` holds the snapshot whose manifest is `manifest`. `before`:
+        the file's stat from before it was read; nothing is recorded if it changed since."""
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        if before is not None and _stat_key(st) != _stat_key(before):
+            return  # written while it was read: the manifest may not be its content
+        data = {"path": str(path.resolve()), **_stat_key(st), "boot": _boot_id(),
+                "manifest": manifest}
         tmp = self._index_path().with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps(data))

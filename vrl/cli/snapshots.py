@@ -85,16 +85,18 @@ def commit(repo: Repo, file: str | None, message: str | None, hparams_file: str 
     from vrl.workspace import open_checkpoint
 
     path = Path(file) if file else repo.workspace_path
-    if not path.exists():
+    try:
+        before = path.stat()  # the stat cache records the file only if it stayed so
+    except OSError:
         hint = "" if file else " (the workspace checkpoint; pass a FILE or set core.workspace)"
-        raise CheckpointError(f"{path}: no such checkpoint file{hint}")
+        raise CheckpointError(f"{path}: no such checkpoint file{hint}") from None
     hparams = {**_load_hparams(hparams_file), **parse_assignments(hparam_items, "--set")}
     oid = repo.commit(open_checkpoint(path), message=message or f"commit {path.name}",
                       hparams=hparams, metrics=parse_metrics(metric_items),
                       step=step, env=not no_env, allow_empty=allow_empty)
     c = repo.read_commit(oid)
     if path.resolve() == repo.workspace_path.resolve():
-        repo.record_workspace(path, c.manifest)
+        repo.record_workspace(path, c.manifest, before)
     summary = c.stats.get("summary", "")
     if as_json:
         echo_json({"id": oid, "branch": repo.current_branch(), "summary": summary})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import re
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -21,37 +20,12 @@ from typing import Any
 from vrl.errors import InvalidRefNameError, RefConflictError, VrlError
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import check_ref_name
+from vrl.remote.credentials import is_secret_option, redact, redact_options
 from vrl.remote.errors import (
     RemoteAuthError,
     RemoteError,
     RemoteUnreachableError,
 )
-
-# `user:secret@` after a scheme (`s3://AKIA:wJal/rX@bucket`: the secret may hold `/`),
-# or at the start of a word (scp-style `me:pw@host:path`). Greedy up to the last `@` of
-# the word, so a secret holding `@` is hidden too.
-_USERINFO = re.compile(r"(?P<pre>[a-zA-Z][a-zA-Z0-9+.-]*://|(?<![^\s'\"(=<]))"
-                       r"(?P<user>[^\s/@:'\"(=<]*):[^\s'\"]*@")
-# Option names that hold secrets (exact) or contain one of these words.
-SECRET_KEYS = ("key", "pwd", "pass", "passphrase", "secret", "token", "password")
-SECRET_WORDS = ("secret", "passw", "passphrase", "pwd", "token", "credential", "access_key",
-                "private", "sas", "connection_string", "account_key", "session")
-
-
-def redact(text: str) -> str:
-    """Hide any password embedded in a URL (`user:secret@host` -> `user:***@host`)."""
-    return _USERINFO.sub(lambda m: f"{m['pre']}{m['user']}:***@", str(text))
-
-
-def is_secret_option(key: str) -> bool:
-    """True if a backend option's name says it holds a credential."""
-    low = key.lower().replace("-", "_")
-    return low in SECRET_KEYS or any(word in low for word in SECRET_WORDS)
-
-
-def redact_options(options: dict[str, str]) -> dict[str, str]:
-    """Options safe to print: credential-like values hidden, URLs redacted."""
-    return {k: "***" if is_secret_option(k) else redact(v) for k, v in options.items()}
 
 
 def object_key(oid: ObjectId | str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import secrets
 import socket
 import threading
@@ -23,7 +22,8 @@ from vrl.errors import RefConflictError, VrlError
 from vrl.object_store import FileObjectStore, _fsync_dir, make_dirs
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import RefStore
-from vrl.remote.base import KeyMissing, RemoteStore, is_secret_option, redact, too_large
+from vrl.remote.base import KeyMissing, RemoteStore, redact, too_large
+from vrl.remote.credentials import CREDENTIAL_HINT, embeds_secret, find_secret, is_secret_option
 from vrl.remote.errors import MissingBackendError, RemoteConfigError, RemoteError
 
 LOCK_TIMEOUT = 20.0
@@ -534,20 +534,6 @@ SCHEMES = ("file", "memory", "s3", "ssh", "sftp", "gs", "gcs", "az", "abfs")
 _EXTRAS = {"s3": ("s3fs", "s3"), "ssh": ("sshfs", "ssh"), "sftp": ("sshfs", "ssh"),
            "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"), "az": ("adlfs", "azure"),
            "abfs": ("adlfs", "azure")}
-CREDENTIAL_HINT = ("vrl never stores credentials: use the backend's own mechanism (S3: "
-                   "AWS_PROFILE / -o profile=NAME, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                   "in the environment, or ~/.aws/credentials; SSH: an ssh-agent or a key, "
-                   "-o identity_file=PATH; GCS / Azure: gcloud / az login)")
-# `user:secret@` right after the scheme; `host:22/` is a port, not a secret.
-_URL_SECRET = re.compile(r"[^/@:]*:(?!\d*(?:/|$))[^@]*@")
-
-
-def embeds_secret(url: str) -> bool:
-    """True if a URL carries a password or secret key in its user part."""
-    if "://" not in url:  # scp-style user:pw@host:path
-        return bool(re.match(r"[^/@:]*:[^@]*@", url))
-    rest = url.split("://", 1)[1]
-    return bool(_URL_SECRET.match(rest)) or bool(urlsplit(url).password)
 
 
 def check_url(url: str) -> str:
@@ -581,15 +567,16 @@ def check_url(url: str) -> str:
     return url
 
 
-def check_options(options: dict[str, str]) -> dict[str, str]:
-    """Refuse credential-like options (by name, or a URL value with a password)."""
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse options that hold a credential at any depth (vrl.remote.credentials)."""
     for key, value in options.items():
         if is_secret_option(key):
             raise RemoteConfigError(f"option {key!r} looks like a credential; "
                                     + CREDENTIAL_HINT)
-        if embeds_secret(str(value)):
-            raise RemoteConfigError(f"option {key!r} embeds a credential in "
-                                    f"{redact(str(value))}; " + CREDENTIAL_HINT)
+        where = find_secret(value, key)
+        if where:
+            raise RemoteConfigError(f"option {key!r} holds a credential (at {where}); "
+                                    + CREDENTIAL_HINT)
     return options
 
 

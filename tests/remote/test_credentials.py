@@ -77,7 +77,7 @@ def test_a_credential_in_a_url_is_refused_and_never_shown(repo, url):
     {"endpoint_url": "http://127.0.0.1:9000/?x=1&region=eu", "profile": "lab"},
     {"known_hosts": "none", "client_keys": "~/.ssh/id_ed25519", "key_file": "/k"},
     {"identity_file": "~/.ssh/id", "account_name": "acct", "connect_timeout": "5"},
-    {"headers": json.dumps({"Accept": "application/json", "X-Trace": "on"})},
+    {"headers": json.dumps({"Accept": "application/json", "X-Mode": "basic mode"})},
 ])
 def test_ordinary_options_are_stored_and_shown_as_they_are(repo, options):
     add_remote(repo, "h", "s3://b/p?versionId=3", options)

@@ -46,7 +46,7 @@ _ASSIGNMENT = re.compile(r"(?P<pre>(?:^|[?&;])\s*)(?P<name>[A-Za-z_][\w.-]*)="
                          r"(?P<value>[^&;#\s'\"]*)")
 # A value that is a credential whatever its key is called.
 _SECRET_VALUE = re.compile(
-    r"^\s*(?:Bearer|Basic|Token|Digest)\s+\S|-----BEGIN|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|"
+    r"^\s*(?:Bearer|Basic|Token|Digest)\s+[\w.~+/=-]{8,}|-----BEGIN|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|"
     r"\bgh[pousr]_\w{20,}|github_pat_\w{20,}|\bglpat-[\w-]{20,}|\bxox[abposr]-[\w-]{10,}|"
     r"\bhf_\w{20,}|\beyJ[\w-]{10,}\.eyJ[\w-]{10,}", re.IGNORECASE)
 _MAX_DEPTH = 32  # nesting a walk follows (option values are short; deeper is refused)

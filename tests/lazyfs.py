@@ -147,58 +147,48 @@ class LazyFS:
     def installed(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[LazyFS]:
         real = {name: getattr(os, name) for name in
                 ("write", "fsync", "fdatasync", "replace", "rename", "unlink", "remove",
-                 "mkdir", "rmdir", "truncate", "ftruncate", "open")}
+                 "mkdir", "rmdir", "truncate", "ftruncate", "open", "pwrite", "pwritev",
+                 "link", "posix_fallocate")}
         real_open = io.open
 
+        # every call runs under the lock, its step first: a cut (or a copy of the tree as
+        # a kill would leave it) falls between two calls, never inside one of another thread
         def fsync(fd):
-            self._step("fsync")
             with self.lock:
+                self._step("fsync")
                 real["fsync"](fd)
                 self._record_fsync(fd)
 
-        def write(fd, data):
-            self._step("write")
-            return real["write"](fd, data)
-
-        def renamer(name):
-            def rename(src, dst, *a, **k):
-                self._step(name)
-                self._pin(dst)
-                return real[name](src, dst, *a, **k)
-            return rename
-
-        def unlinker(name):
-            def unlink(path, *a, **k):
-                self._step(name)
-                self._pin(path)
-                return real[name](path, *a, **k)
-            return unlink
-
-        def simple(name):
+        def stepped(name, pin=None):
             def op(*a, **k):
-                self._step(name)
-                return real[name](*a, **k)
+                with self.lock:
+                    self._step(name)
+                    if pin is not None:
+                        self._pin(a[pin])
+                    return real[name](*a, **k)
             return op
 
         def os_open(path, flags, *a, **k):
-            if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC):
-                self._step("open")
-            return real["open"](path, flags, *a, **k)
+            with self.lock:
+                if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC):
+                    self._step("open")
+                return real["open"](path, flags, *a, **k)
 
         def py_open(file, mode="r", *a, **k):
-            if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
-                self._step("open")
-            return real_open(file, mode, *a, **k)
+            with self.lock:
+                if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+                    self._step("open")
+                return real_open(file, mode, *a, **k)
 
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "fdatasync", fsync)
-        monkeypatch.setattr(os, "write", write)
-        for name in ("replace", "rename"):
-            monkeypatch.setattr(os, name, renamer(name))
+        for name in ("replace", "rename"):  # (what is replaced, or unlinked, is pinned)
+            monkeypatch.setattr(os, name, stepped(name, pin=1))
         for name in ("unlink", "remove", "rmdir"):
-            monkeypatch.setattr(os, name, unlinker(name))
-        for name in ("mkdir", "truncate", "ftruncate"):
-            monkeypatch.setattr(os, name, simple(name))
+            monkeypatch.setattr(os, name, stepped(name, pin=0))
+        for name in ("write", "mkdir", "truncate", "ftruncate", "pwrite", "pwritev", "link",
+                     "posix_fallocate"):
+            monkeypatch.setattr(os, name, stepped(name))
         monkeypatch.setattr(os, "open", os_open)
         monkeypatch.setattr(io, "open", py_open)
         monkeypatch.setattr("builtins.open", py_open)

@@ -71,7 +71,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -738,35 +738,33 @@ class Journal:
             yield
 
     @contextlib.contextmanager
-    def maintaining(self) -> Iterator[Callable[[Iterable[str]], None]]:
-        """Hold the journal for a step that removes files (a pack merge, repack, gc):
-        no record is appended meanwhile. Yields `settle(packs)`, which the step calls once
-        what it wrote is durable and before it removes anything: it checkpoints, so that
-        no record still needs a file the step removes. `packs`: those whose objects the
-        step has copied durably elsewhere - not fsynced first, as they go."""
+    def maintaining(self) -> Iterator[Callable[[], None]]:
+        """Hold the journal for a step that removes files (a pack merge, repack): no
+        record is appended meanwhile. Yields `before_removal()`, which the step calls once
+        what it wrote is durable and before it removes anything: it checkpoints, so that no record
+        still needs a file the step removes (each record's pack is fsynced first: a pack
+        about to go whose directory entry a power cut kept must not be left empty)."""
         with self.held() as handle:
             handle.seen = None
 
-            def settle(packs: Iterable[str] = ()) -> None:
+            def before_removal() -> None:
                 if handle.tail > HEADER.size:
-                    records = parse(_read_all(handle.fd, handle.tail))[0]
-                    self._checkpoint(handle, records, skip=frozenset(packs))
+                    self._checkpoint(handle, parse(_read_all(handle.fd, handle.tail))[0])
 
-            yield settle
+            yield before_removal
 
-    def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False,
-                    skip: frozenset[str] = frozenset()) -> None:
+    def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False
+                    ) -> None:
         """Make what `records` materialised durable, then start a new epoch at offset 64
         (every record so far is stale). `drop`: also cut the file (a legacy journal's
-        records have no epoch), as where it grew past what the records use. `skip`:
-        packs not to fsync (their objects are durable in another one)."""
+        records have no epoch), as where it grew past what the records use."""
         files: set[str] = set()
         dirs: set[str] = set()
         vrl = os.fspath(self.vrl_dir)
         for record in records:
             named = [os.fspath(self.refs._path(record.ref))]
             named += [os.fspath(self.refs._log_path(log)) for log, _ in record.logs]
-            if record.pack and record.pack not in skip:
+            if record.pack:
                 named.append(f"{self.objects._pack_dir}/{record.pack}")
             for path in named:
                 files.add(path)

@@ -16,7 +16,7 @@ import re
 import time as _time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,12 +46,13 @@ from vrl.objects import (
     TensorEntry,
     _stats_json,
     check_depth,
+    damaged,
     hash_object,
     is_object_id,
     itemsize,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
-from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
+from vrl.safetensors_file import RawTensor, SafetensorsFile
 from vrl.tensors import ViewMemo, flatten, tensor_bytes, tensor_from_buffer, to_state
 from vrl.workspace import WorkspaceMixin, canonical_header
 
@@ -294,16 +295,21 @@ class Repo(Maintenance, WorkspaceMixin):
             self.fetch_missing([oid])
             return self.objects.read(oid)
 
-    def load_entry(self, entry: TensorEntry) -> Any:
-        """A tensor from the store: memory-mapped (copy-on-write, private) when large."""
+    def load_entry(self, entry: TensorEntry, verify: bool = False) -> Any:
+        """A tensor from the store: memory-mapped (copy-on-write, private) when large.
+        `verify`: its bytes are hashed first (CorruptObjectError if they do not match)."""
         if entry.nbytes >= MMAP_MIN and not self.objects.verify_reads and \
                 entry.id not in self._fresh:
             _check_entry(entry)
             mapped = self.objects.map_loose_tensor(entry.id, entry.nbytes)
             if mapped is not None:
+                if verify:
+                    self._verify(entry, mapped, HEADER_SIZE)
                 return tensor_from_buffer(mapped, entry.dtype, entry.shape, HEADER_SIZE,
                                           entry.nbytes)
         buf, offset = self._tensor_buffer(entry)
+        if verify and not self.objects.verify_reads:  # (with it, already hashed)
+            self._verify(entry, buf, offset)
         return tensor_from_buffer(buf, entry.dtype, entry.shape, offset, entry.nbytes)
 
     def read_tensor(self, entry: TensorEntry) -> RawTensor:
@@ -319,23 +325,22 @@ class Repo(Maintenance, WorkspaceMixin):
                                      "wrong size; run `vrl fsck`")
         return RawTensor(entry.dtype, entry.shape, data)
 
-    def tensor_chunk(self, entry: TensorEntry) -> memoryview | FileSlice:
-        """A tensor's bytes to write into a file: a big one as a slice of its object file,
-        which the kernel copies (no page of it mapped into this process), others as
-        bytes. With core.verify every byte is hashed on the way, so it goes through
-        memory (read_tensor)."""
-        _check_entry(entry)
-        if entry.nbytes >= MMAP_MIN and not self.objects.verify_reads:
-            try:
-                fd, offset, size = self.objects.open_payload(entry.id, "tensor")
-            except ObjectNotFoundError:  # not on disk (yet): read_tensor fetches it
-                return self.read_tensor(entry).data
-            if size != entry.nbytes:
-                os.close(fd)
-                raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or "
-                                         "the wrong size; run `vrl fsck`")
-            return FileSlice(fd, offset, size)
-        return self.read_tensor(entry).data
+    def tensor_chunk(self, entry: TensorEntry) -> memoryview:
+        """A tensor's bytes to write into a file for a person, verified: hashed to its id
+        first (blake3, several GB/s), so damaged bytes are never written
+        (CorruptObjectError). A big one is memory-mapped, and the file is written from
+        the very bytes that were hashed."""
+        data = self.read_tensor(entry).data
+        if not self.objects.verify_reads:  # (with it, read_tensor hashed them)
+            self._verify(entry, data)
+        return data
+
+    @staticmethod
+    def _verify(entry: TensorEntry, buf: Any, offset: int = 0) -> None:
+        """Raise CorruptObjectError unless the tensor's bytes in `buf` hash to its id."""
+        if hash_object("tensor", memoryview(buf)[offset:offset + entry.nbytes],
+                       threads=True) != entry.id:
+            raise CorruptObjectError(damaged(entry.id))
 
     def _tensor_buffer(self, entry: TensorEntry, mmap_min: int = MMAP_MIN
                        ) -> tuple[Any, int]:
@@ -392,10 +397,8 @@ class Repo(Maintenance, WorkspaceMixin):
         if size != entry.nbytes:
             raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
                                      "wrong size; run `vrl fsck`")
-        if self.objects.verify_reads and hash_object(
-                "tensor", memoryview(mapped)[offset:offset + size], threads=True) != entry.id:
-            raise CorruptObjectError(f"object {entry.id[:12]} is corrupted: its bytes do not "
-                                     "match its id (run `vrl fsck`)")
+        if self.objects.verify_reads:
+            self._verify(entry, mapped, offset)
         return mapped, offset
 
     def _remember(self, oid: ObjectId, payload: memoryview) -> None:
@@ -438,15 +441,15 @@ class Repo(Maintenance, WorkspaceMixin):
             self.journal.wait()
 
     @contextlib.contextmanager
-    def maintaining(self) -> Iterator[Callable[[Iterable[str]], None]]:
+    def maintaining(self) -> Iterator[Callable[[], None]]:
         """Hold the repository for a step that removes files (a pack merge, repack):
-        yields `settle(packs)`, to call once what the step wrote is durable and before it
+        yields `before_removal()`, to call once what the step wrote is durable and before it
         removes anything (`Journal.maintaining`; docs/durability.md)."""
         if self.journal is None:
-            yield lambda packs=(): None
+            yield lambda: None
             return
-        with self.journal.maintaining() as settle:
-            yield settle
+        with self.journal.maintaining() as before_removal:
+            yield before_removal
 
     # ------------------------------------------------------------------ revisions
     def head(self) -> ObjectId | None:
@@ -888,8 +891,8 @@ class Repo(Maintenance, WorkspaceMixin):
             self._last = (ref, cid)
             try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
                 if self.objects.merge_due():
-                    with self.maintaining() as settle:
-                        self.objects.consolidate(settle)
+                    with self.maintaining() as before_removal:
+                        self.objects.consolidate(before_removal)
             except VrlError:
                 pass  # the commit is done; the next one tries again
             return cid
@@ -898,17 +901,22 @@ class Repo(Maintenance, WorkspaceMixin):
     def threshold(self) -> float:
         return self.config.getfloat("diff", "threshold")
 
-    def load(self, rev: str = "HEAD") -> Any:
-        """The snapshot at `rev` as its original structure, tensors memory-mapped."""
+    def load(self, rev: str = "HEAD", *, verify: bool = False) -> Any:
+        """The snapshot at `rev` as its original structure, tensors memory-mapped.
+
+        The maps are lazy, as `safetensors.load_file`'s: no byte is read until used. With
+        `verify` (or core.verify) every tensor is hashed to its id first, which reads it
+        all (~0.1 s per 500 MB); `checkout(model=...)` and `.pt` exports do.
+        """
         from vrl.tensors import unflatten
 
         oid = self.resolve(rev)
         manifest = self.read_manifest(self.read_commit(oid).manifest)
         try:
-            return self.load_manifest(manifest, unflatten)
+            return self.load_manifest(manifest, unflatten, verify=verify)
         except PrunedError:  # checked only on a miss: a restore pays no stat per object
             self.require_data(oid, manifest)  # fetches it from a remote, or says why not
-            return self.load_manifest(manifest, unflatten)
+            return self.load_manifest(manifest, unflatten, verify=verify)
 
     def require_data(self, oid: ObjectId, manifest: Manifest) -> None:
         """Make sure every data object of snapshot `oid` is here, fetching what a lazy clone
@@ -930,7 +938,8 @@ class Repo(Maintenance, WorkspaceMixin):
                               "metrics and layer statistics are kept, its tensors were "
                               f"dropped); {where}") from None
 
-    def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None) -> Any:
+    def load_manifest(self, manifest: Manifest, unflatten: Callable | None = None, *,
+                      verify: bool = False) -> Any:
         if unflatten is None:
             from vrl.tensors import unflatten
         if self.fetch_missing is not None:  # fetch what is missing in one batch
@@ -940,7 +949,7 @@ class Repo(Maintenance, WorkspaceMixin):
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
             if not entry.tie:
-                tensors[name] = self.load_entry(entry)
+                tensors[name] = self.load_entry(entry, verify=verify)
         for name, entry in manifest.tensors.items():  # ties may sort before their target
             if entry.tie:
                 tensors[name] = tensors[entry.tie]
@@ -969,7 +978,8 @@ class Repo(Maintenance, WorkspaceMixin):
         if workspace:  # loading fetches a pruned snapshot from a remote where it can
             self.write_workspace(oid)
         if model is not None or optimizer is not None:
-            load_into(self.load(oid), model, optimizer)
+            # every byte is copied into the model anyway: hashing it costs little more
+            load_into(self.load(oid, verify=True), model, optimizer)
         self.ensure_restorable(oid, "check out")
         self._trusted = False  # (HEAD moves: the next commit reads where to)
         if create_branch:

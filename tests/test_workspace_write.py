@@ -1,6 +1,6 @@
-"""Checkout and export of big tensors: their bytes go file to file (copy_file_range) from
-the store's loose files and packs, and the written file is still the committed one byte
-for byte, with damage reported and nothing half-written."""
+"""Checkout and export of big tensors: their bytes are read from the store's loose files
+and packs, hashed to their ids and written from that same memory, and the written file is
+still the committed one byte for byte, with damage reported and nothing half-written."""
 
 import errno
 import hashlib
@@ -17,7 +17,6 @@ from safetensors.numpy import save_file
 from vrl import Repo, safetensors_file
 from vrl.errors import CorruptObjectError
 from vrl.repo import MMAP_MIN
-from vrl.safetensors_file import FileSlice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,28 +51,31 @@ def two_versions(ws, capsys):
     return files
 
 
-def copies(monkeypatch) -> list[int]:
-    """Sizes of the tensors copied file to file from now on."""
+def verified(monkeypatch) -> list[int]:
+    """Sizes of the stored tensors hashed before they were written, from now on."""
     sizes: list[int] = []
-    real = FileSlice.copy_to
+    real = Repo._verify
 
-    def spy(self, out):
-        sizes.append(self.nbytes)
-        real(self, out)
+    def spy(entry, buf, offset=0):
+        sizes.append(entry.nbytes)
+        real(entry, buf, offset)
 
-    monkeypatch.setattr(FileSlice, "copy_to", spy)
+    monkeypatch.setattr(Repo, "_verify", staticmethod(spy))
     return sizes
 
 
 def test_checkout_and_export_of_big_tensors_are_byte_identical(ws, capsys, two_versions,
                                                                monkeypatch):
-    copied = copies(monkeypatch)
+    repo = Repo(ws)
+    header = repo.read_manifest(repo.read_commit(repo.resolve("HEAD~1")).manifest
+                                ).layout.header.nbytes
+    hashed = verified(monkeypatch)
     code, _, err = vrl(capsys, "checkout", "HEAD~1")
     assert code == 0, err
     assert sha(ws / "policy.safetensors") == sha(two_versions[1])
-    # every tensor of at least MMAP_MIN bytes, loose or packed, went file to file
-    big = sorted(a.nbytes for a in arrays(1).values() if a.nbytes >= MMAP_MIN)
-    assert sorted(copied) == big
+    # every tensor, loose, packed or small, and the kept file header was hashed
+    assert sorted(hashed) == sorted([a.nbytes for a in arrays(1).values()] + [header])
+    assert max(hashed) >= MMAP_MIN  # (big ones too)
     code, _, err = vrl(capsys, "export", "main", "out.safetensors")
     assert code == 0, err
     assert sha(ws / "out.safetensors") == sha(two_versions[2])
@@ -101,18 +103,12 @@ def test_snapshot_from_memory_exports_big_tensors_in_the_canonical_layout(ws):
     assert sha(ws / "a.safetensors") == sha(ws / "b.safetensors")
 
 
-def test_without_kernel_copies_or_preallocation_the_bytes_are_the_same(ws, capsys,
-                                                                       two_versions,
-                                                                       monkeypatch):
-    """Filesystems that refuse copy_file_range (EXDEV, EINVAL...) or fallocate: the bytes
-    go through memory instead."""
-    def refuse(*args):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
+def test_without_preallocation_the_bytes_are_the_same(ws, capsys, two_versions,
+                                                       monkeypatch):
+    """Filesystems that refuse fallocate: the file is written without a reservation."""
     def no_fallocate(*args):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    monkeypatch.setattr(safetensors_file, "_copy_file_range", refuse)
     monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
     code, _, err = vrl(capsys, "checkout", "HEAD~1")
     assert code == 0, err
@@ -133,35 +129,24 @@ def test_a_truncated_big_object_is_reported_and_the_workspace_kept(ws, capsys, t
     assert not [p for p in ws.iterdir() if ".tmp" in p.name]
 
 
-def test_a_damaged_big_object_is_found_when_reads_are_verified(ws, capsys, two_versions):
-    """core.verify hashes every byte a checkout writes (through memory); without it a
-    flipped byte is fsck's to find, as for any read of a local object."""
+@pytest.mark.parametrize("verify", [False, True], ids=["default", "core.verify"])
+def test_a_damaged_big_object_fails_the_export(ws, capsys, two_versions, verify):
+    """Every byte a checkout or export writes is hashed first, with or without
+    core.verify: a flipped byte fails the export, and nothing is written."""
     repo = Repo(ws)
     manifest = repo.read_manifest(repo.read_commit(repo.resolve("HEAD~1")).manifest)
-    path, offset, length = repo.objects.locate(manifest.tensors["big.weight"].id)
+    entry = manifest.tensors["big.weight"]
+    path, offset, length = repo.objects.locate(entry.id)
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     os.chmod(path, 0o644)
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptObjectError, match="do not match its id"):
-        Repo(ws, verify=True).export(repo.resolve("HEAD~1"), ws / "out.safetensors")
+    with pytest.raises(CorruptObjectError, match="do not match its id") as info:
+        Repo(ws, verify=verify).export(repo.resolve("HEAD~1"), ws / "out.safetensors")
+    assert entry.id[:12] in str(info.value)
     assert not (ws / "out.safetensors").exists()
+    assert not [p for p in ws.iterdir() if ".tmp" in p.name]
     assert not Repo(ws).fsck()["ok"]
-
-
-def test_a_file_slice_shorter_than_promised_is_corruption(tmp_path):
-    src, out = tmp_path / "src", tmp_path / "out"
-    src.write_bytes(b"x" * 100)
-    fd = os.open(src, os.O_RDONLY)
-    slice_ = FileSlice(fd, 10, 200)
-    out_fd = os.open(out, os.O_WRONLY | os.O_CREAT)
-    try:
-        with pytest.raises(CorruptObjectError, match="ended 110 bytes early"):
-            slice_.copy_to(out_fd)
-    finally:
-        slice_.close()
-        os.close(out_fd)
-    assert slice_.fd == -1
 
 
 def test_checkout_on_a_full_disk_fails_before_writing(tmp_path, capsys, monkeypatch):

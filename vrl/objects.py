@@ -77,6 +77,12 @@ def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -
     return ObjectId(hasher.hexdigest())
 
 
+def damaged(oid: str) -> str:
+    """What to tell a person about an object whose bytes do not hash to its id."""
+    return (f"object {oid[:12]} is corrupted: its bytes do not match its id; run `vrl fsck`, "
+            "and take the snapshot from a remote or backup that holds it intact")
+
+
 _HEX = "0123456789abcdef"
 
 

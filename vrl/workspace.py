@@ -27,9 +27,9 @@ from vrl.safetensors_file import write_stream
 
 if TYPE_CHECKING:
     from vrl.repo import Repo
-    from vrl.safetensors_file import FileSlice, SafetensorsFile
+    from vrl.safetensors_file import SafetensorsFile
 
-    Chunk = memoryview | bytes | FileSlice  # a piece of a file being written
+    Chunk = memoryview | bytes  # a piece of a file being written
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -407,11 +407,13 @@ class WorkspaceMixin:
 
         `.safetensors`: without torch; a snapshot committed from a safetensors file gives
         back that file byte for byte, any other the canonical layout with `vrl.*` metadata.
-        `.pt`/`.pth`: torch.save of the loaded snapshot.
+        `.pt`/`.pth`: torch.save of the loaded snapshot. Every stored byte is hashed to
+        its object's id before it is written: a damaged object fails the export
+        (CorruptObjectError) and leaves whatever `path` held as it was.
         """
         path = Path(path)
         if _kind(path) != "safetensors":
-            write_checkpoint(self.load(oid), path)
+            write_checkpoint(self.load(oid, verify=True), path)
             return
         manifest = self.read_manifest(self.read_commit(oid).manifest)
         self.require_data(oid, manifest)
@@ -420,7 +422,8 @@ class WorkspaceMixin:
 
     def _safetensors_parts(self: Repo, manifest: Manifest
                            ) -> tuple[bytes | memoryview, Iterable[Chunk], int]:
-        """The file's header, its tensors' bytes in data order, and its size."""
+        """The file's header, its tensors' bytes in data order (each verified as it is
+        read: `tensor_chunk`), and its size."""
         from vrl.safetensors_file import reproduce
 
         if manifest.layout is None:
@@ -430,7 +433,7 @@ class WorkspaceMixin:
         if manifest.layout.format != "safetensors":
             raise CheckpointError(f"this snapshot was committed from a "
                                   f"{manifest.layout.format} file; export it to that format")
-        head = self.read_tensor(manifest.layout.header).data
+        head = self.tensor_chunk(manifest.layout.header)
 
         def data_of(name: str) -> Chunk:
             entry = manifest.tensors.get(name)

@@ -164,3 +164,25 @@ def test_cli_hand_edited_grace_is_an_error_until_fixed(ws):
     fixed = run("log")
     assert fixed.returncode == 0, fixed.stderr
     assert "grace = 120" in (ws / ".vrl" / "config").read_text()
+
+
+@pytest.mark.parametrize("value,lazy", [("false", False), ("no", False), ("true", True)])
+def test_core_partial_false_is_not_partial(tmp_path, value, lazy):
+    """`partial = false` under [core] is a full clone again: a fetch downloads tensors (it
+    was read as a non-empty string, true whatever it said)."""
+    from vrl.remote.stores import LocalRemote
+    from vrl.remote.transfer import clone, fetch, push
+
+    upstream = Repo.init(tmp_path / "a")
+    upstream.commit({"w": torch.zeros(3)}, message="first", env=False)
+    store = LocalRemote(tmp_path / "remote")
+    push(upstream, store, "origin", create=True)
+    clone(str(tmp_path / "remote"), tmp_path / "b", metadata_only=True, checkout=False)
+    second = upstream.commit({"w": torch.ones(3)}, message="second", env=False)
+    push(upstream, store, "origin")
+    _edit(tmp_path / "b", "core", "partial", value)
+    other = Repo(tmp_path / "b")
+    assert other.config.flag("core", "partial") is lazy
+    fetch(other, store, "origin")
+    tensor = other.read_manifest(other.read_commit(second).manifest).data_entries()["w"].id
+    assert other.objects.has(tensor) is not lazy

@@ -115,6 +115,10 @@ class Config:
         except ValueError as exc:
             raise VrlError(f"{self.path}: [{section}] {key} must be true or false") from exc
 
+    def flag(self, section: str, key: str) -> bool:
+        """A true/false setting that is false when absent (`partial = false` is false)."""
+        return self.getbool(section, key) if self.get(section, key) is not None else False
+
     def getfloat(self, section: str, key: str) -> float:
         value = self._floats.get((section, key))
         if value is None:

@@ -325,8 +325,7 @@ class Maintenance:
         message}], "warnings": [...], "dangling_commits"}; "problems" and "errors" list
         the same findings.
         """
-        lazy = self.config.getbool("core", "partial") if self.config.get("core", "partial") \
-            else False
+        lazy = self.config.flag("core", "partial")
         state = FsckState(lazy=lazy, pruned=self.pruned(), progress=progress)
         # objects first: the later checks rely on what verified (state.kinds)
         for check in (self._fsck_objects, self._fsck_commits, self._fsck_refs,

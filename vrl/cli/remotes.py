@@ -197,7 +197,7 @@ def fetch(repo: Repo, remote_name: str | None, metadata_only: bool, jobs: int, q
     from vrl.remote import fetch as do_fetch
 
     name = default_remote(repo, remote_name)
-    partial = bool(repo.config.get("core", "partial"))
+    partial = repo.config.flag("core", "partial")
     store = open_named(repo, name)
     try:
         result = do_fetch(repo, store, name, metadata_only=metadata_only or partial,

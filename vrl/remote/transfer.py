@@ -514,7 +514,7 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     remote_refs = store.list_refs()
     if not remote_refs:
         check_remote(store, doing="fetch from")
-    lazy = metadata_only or bool(repo.config.get("core", "partial"))
+    lazy = metadata_only or repo.config.flag("core", "partial")
     reader = _reader(repo, store, jobs)  # lists the packs at the first object it needs
     commits, new_commits = _walk_history(repo, reader, remote_refs, jobs)
     manifests, new_manifests = _complete_manifests(repo, reader, commits, jobs)
@@ -723,7 +723,7 @@ def pull(repo: Repo, store: RemoteStore, remote_name: str, branch: str | None = 
     if branch is None:
         raise VrlError("HEAD is detached: check out a branch, or name one (vrl pull REMOTE "
                        "BRANCH)")
-    partial = bool(repo.config.get("core", "partial"))
+    partial = repo.config.flag("core", "partial")
     result = fetch(repo, store, remote_name, jobs=jobs, progress=progress,
                    metadata_only=metadata_only or partial)
     theirs = repo.refs.read(f"refs/remotes/{remote_name}/{branch}")

@@ -203,3 +203,43 @@ def test_an_empty_ref_fails_the_cli_and_its_hint_restores_it(tmp_path, capsys, m
     code, out, _ = vrl(capsys, "log", "--oneline")
     assert code == 0 and out.splitlines()[0].startswith(tip[:12])
     assert vrl(capsys, "fsck")[0] == 0
+
+
+# ------------------------------------------------------------------ a move logged twice
+
+
+def test_fsck_reports_a_reflog_line_written_twice(repo):
+    _two_commits(repo)
+    log = repo.vrl_dir / "logs/refs/heads/main"
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert repo.fsck()["ok"]
+    log.write_bytes(b"".join(lines + lines[-1:]))
+    report = repo.fsck()
+    assert not report["ok"]
+    assert any("holds a line twice" in p for p in report["problems"])
+
+
+def test_a_replay_that_applied_its_record_twice_is_caught(tmp_path, monkeypatch):
+    """Teeth for the replay's idempotence: re-applying a record whose reflog line is in
+    place must not append it again; with that check removed, a killed holder's replay
+    doubles the line and fsck says so."""
+    work = tmp_path / "w"
+    repo = Repo.init(work)
+    _two_commits(repo)
+    data = (work / ".vrl/journal").read_bytes()
+    header = journal.read_header(data)
+    assert header is not None
+    # as a holder killed after materialising, before marking it so: replayed at next open
+    (work / ".vrl/journal").write_bytes(journal.HEADER.pack(
+        journal.MAGIC, header.boot.encode().ljust(40), journal.HEADER.size, header.epoch)
+        + data[journal.HEADER.size:])
+    for checked in (True, False):
+        if not checked:
+            monkeypatch.setattr(journal, "_has_line", lambda path, line: False)
+            (work / ".vrl/journal").write_bytes(journal.HEADER.pack(
+                journal.MAGIC, header.boot.encode().ljust(40), journal.HEADER.size,
+                header.epoch) + data[journal.HEADER.size:])
+        journal._HANDLES.clear()  # (a new process)
+        again = Repo(work)
+        again.sync()
+        assert again.fsck()["ok"] is checked

@@ -449,6 +449,11 @@ class Maintenance:
                 state.add("reflog", f"logs/{name}", message)
             if read.torn:
                 state.warnings.append(Problem("reflog", f"logs/{name}", read.torn))
+            # a line names the time to the microsecond and its process: one seen twice was
+            # written twice (a replay that applied a record again), not moved twice
+            if len(set(read.entries)) != len(read.entries):
+                state.add("reflog", f"logs/{name}", f"logs/{name} holds a line twice (a move "
+                          "logged twice); delete the repeated line")
             if state.lazy:
                 continue
             named = {x for e in read.entries for x in (e.old, e.new) if x}

@@ -7,8 +7,9 @@ CrashMonkey/ACE (OSDI '18): commits of random sizes on both sides of every size 
 (loose objects, external packs, pack size classes, the auto-merge count, the journal's
 size - all scaled down, so that a short schedule crosses each several times), tensors
 reused or fresh, branches, tags, branches moved back, prune, gc with and without grace,
-repack, push to a local remote and reopening the repository. While a schedule runs under
-the lazy-fsync layer (tests/lazyfs.py), crashes are taken at random steps:
+repack, push to a local remote, fetch from it into a second repository, and reopening.
+While a schedule runs under the lazy-fsync layer (tests/lazyfs.py), crashes are taken at
+random steps:
 
 - a power cut: the durable tree (what fsync made durable), opened after a reboot (the
   commit journal re-applies every record of its epoch);
@@ -31,6 +32,8 @@ from __future__ import annotations
 import copy
 import os
 import random
+import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +63,7 @@ THRESHOLDS = [(object_store, "PACK_MAX", 8 << 10), (repo_module, "PACK_MAX", 8 <
 SIZES = [4, 512, 3 << 10, 6 << 10, 12 << 10, 40 << 10]  # bytes of one tensor
 NAMES = [f"layer{i}.weight" for i in range(6)]
 OPS = {"commit": 20, "branch": 2, "tag": 1, "move-back": 2, "prune": 1, "gc": 1,
-       "gc-now": 2, "repack": 1, "push": 2, "reopen": 1}
+       "gc-now": 2, "repack": 1, "push": 2, "fetch": 1, "reopen": 1}
 
 
 @dataclass
@@ -72,12 +75,13 @@ class Model:
     states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     acked: set[str] = field(default_factory=set)  # commits acknowledged (`states` is shared)
     pushed: dict[str, str] = field(default_factory=dict)
+    fetched: dict[str, str] = field(default_factory=dict)  # repository b's tracking refs
     pruned: set[str] = field(default_factory=set)
     inflight: tuple[str, Any] | None = None
 
     def snapshot(self) -> Model:
         return Model(dict(self.refs), self.states, set(self.acked), dict(self.pushed),
-                     set(self.pruned), copy.copy(self.inflight))
+                     dict(self.fetched), set(self.pruned), copy.copy(self.inflight))
 
 
 @dataclass
@@ -212,6 +216,15 @@ class Schedule:
                           force=True, jobs=1, create=True)
             model.pushed.update({r: model.refs[r] for r in heads})
             model.refs.update({tracking(r): model.refs[r] for r in heads})
+        elif op == "fetch":  # into a second repository, b (made by the first fetch)
+            if not model.pushed:
+                return repo
+            model.inflight = ("fetch", {tracking(r): v for r, v in model.pushed.items()})
+            if not (self.work / "b/.vrl").exists():
+                Repo.init(self.work / "b")
+            transfer.fetch(Repo(self.work / "b"), LocalRemote(self.work / "remote"), "origin",
+                           jobs=1)
+            model.fetched.update({tracking(r): v for r, v in model.pushed.items()})
         elif op == "reopen":  # as the next process would
             repo.sync()
             repo = Repo(self.work / "repo")
@@ -236,6 +249,7 @@ def check_crash(crash: Crash, where: Path, rng: random.Random, boot: str | None,
         problems += _check_refs(repo, model)
         problems += _check_commits(repo, model)
         problems += _check_reflogs(repo)
+        problems += _check_fetched(where, model)
         if deep and not problems:
             problems += _check_remote(where, model)
             problems += _check_next_commit(repo)
@@ -341,6 +355,28 @@ def _check_remote(where: Path, model: Model) -> list[str]:
     return problems
 
 
+def _check_fetched(where: Path, model: Model) -> list[str]:
+    """Repository b: it passes fsck, and each remote-tracking ref a fetch acknowledged
+    holds that value (or the fetch's in flight) and loads bit-exactly."""
+    if not model.fetched:
+        return []
+    try:
+        other = Repo(where / "b", verify=True)
+        problems = [f"b: {p}" for p in other.fsck()["problems"]]
+    except Exception as exc:  # noqa: BLE001
+        return [f"b: does not open or check: {type(exc).__name__}: {exc}"]
+    kind, arg = model.inflight or ("", None)
+    for ref, cid in model.fetched.items():
+        got = other.refs.read(ref)
+        if got != cid and not (kind == "fetch" and arg.get(ref) == got):
+            problems.append(f"b's {ref} holds {str(got)[:12]}, fetched {cid[:12]}")
+        elif got is not None and got not in model.pruned:
+            loaded = other.load(got)
+            if any(raw(loaded[k]) != raw(v) for k, v in model.states[got].items()):
+                problems.append(f"b's {ref}: commit {got[:12]} differs")
+    return problems
+
+
 def _check_next_commit(repo: Repo) -> list[str]:
     """The repository is not jammed: a new commit lands on main and passes fsck."""
     try:
@@ -383,44 +419,52 @@ def _check_torn_write(root: Path, rng: random.Random) -> list[str]:
 
 
 def explore(seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ops: int,
-            crash_rate: float) -> tuple[int, list[str]]:
-    """Run one schedule and check its crashes; (crashes checked, failures)."""
+            crash_rate: float) -> tuple[Counter, list[str]]:
+    """Run one schedule and check its crashes; (counts of what was checked, failures)."""
     for module, name, value in THRESHOLDS:
         monkeypatch.setattr(module, name, value)
     schedule = Schedule(seed, tmp_path / "work", ops, crash_rate)
-    (tmp_path / "work").mkdir()
+    (tmp_path / "work").mkdir(parents=True)
     schedule.run(monkeypatch)
     boot = journal.boot_id()
     rng = random.Random(seed ^ 0x5EED)
+    counts: Counter = Counter()
     failures = []
     for i, crash in enumerate(schedule.crashes):
-        problems = check_crash(crash, tmp_path / f"crash{i}", rng, boot, monkeypatch,
-                               deep=i % 4 == 0)
+        where = tmp_path / f"crash{i}"
+        deep = i % 4 == 0
+        problems = check_crash(crash, where, rng, boot, monkeypatch, deep=deep)
+        shutil.rmtree(where, ignore_errors=True)
+        counts[crash.kind] += 1
+        counts["torn writes"] += deep and not problems
+        counts["acknowledged commits checked"] += len(crash.model.acked)
         if problems:
+            counts["failing"] += 1
             failures.append(f"seed {seed}, {crash.kind} before step {crash.step} "
                             f"({crash.op}, in flight {crash.model.inflight}): {problems[:3]}")
-    return len(schedule.crashes), failures
+    return counts, failures
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_generated_schedules_lose_nothing_at_any_crash(tmp_path, monkeypatch, seed):
     """The default run's slice: 8 schedules of 40 operations, ~40 crashes each."""
-    crashes, failures = explore(seed, tmp_path, monkeypatch, ops=40, crash_rate=0.04)
-    assert crashes >= 10
+    counts, failures = explore(seed, tmp_path, monkeypatch, ops=40, crash_rate=0.04)
+    assert counts["power"] + counts["kill"] >= 10
     assert not failures, "\n".join(failures[:5])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("part", range(20))
 def test_ten_thousand_crash_points(tmp_path, monkeypatch, part):
-    """At least 10,000 crash points over 20 parts (each ~500: run them with -n 2)."""
-    total, failures = 0, []
+    """At least 10,000 crash points over 20 parts of at least 500 (run with -n 2 -s)."""
+    counts: Counter = Counter()
+    failures: list[str] = []
     seed = 1000 + part * 1000
-    while total < 500:
-        crashes, found = explore(seed, tmp_path / str(seed), monkeypatch, ops=60,
-                                 crash_rate=0.08)
-        total += crashes
-        failures += found
+    while counts["power"] + counts["kill"] < 500:
+        found, failed = explore(seed, tmp_path / str(seed), monkeypatch, ops=60,
+                                crash_rate=0.08)
+        counts += found
+        failures += failed
         seed += 1
-    print(f"part {part}: {total} crash points, {len(failures)} failing")
+    print(f"part {part}: {dict(counts)}")
     assert not failures, "\n".join(failures[:5])

@@ -522,7 +522,7 @@ class FileObjectStore(ObjectStore):
 
     def read(self, oid: ObjectId) -> tuple[str, bytes]:
         raw = self.read_raw(oid)
-        kind, size = parse_header(raw)
+        kind, size = parse_header(raw, oid)
         payload = raw[HEADER_SIZE:]
         if len(payload) != size:
             raise CorruptObjectError(f"object {oid[:12]} is truncated ({len(payload)} of {size} "
@@ -535,19 +535,19 @@ class FileObjectStore(ObjectStore):
     def kind_and_size(self, oid: ObjectId) -> tuple[str, int]:
         head = self._try_packed(oid, HEADER_SIZE)
         if head is not None:
-            return parse_header(head)
+            return parse_header(head, oid)
         try:
             with open(self._loose(oid), "rb") as f:
-                return parse_header(f.read(HEADER_SIZE))
+                return parse_header(f.read(HEADER_SIZE), oid)
         except FileNotFoundError:
-            return parse_header(self._read_packed(oid, HEADER_SIZE))
+            return parse_header(self._read_packed(oid, HEADER_SIZE), oid)
 
     def map_payload(self, oid: ObjectId, kind: str | None = None) -> memoryview:
         """The payload memory-mapped copy-on-write (private: writes never reach the store);
         with `kind`, an object of another kind is refused (a forged manifest may name it)."""
         staged = self._staged.get(oid) or self._landing.get(oid)
         if staged is not None:  # not on disk yet: a private copy
-            _check_kind(oid, parse_header(bytes(staged[:HEADER_SIZE]))[0], kind)
+            _check_kind(oid, parse_header(bytes(staged[:HEADER_SIZE]), oid)[0], kind)
             return memoryview(bytearray(staged[HEADER_SIZE:]))
         fd, offset, size = self.open_payload(oid, kind)
         try:
@@ -606,7 +606,7 @@ class FileObjectStore(ObjectStore):
             if size < HEADER_SIZE:
                 raise CorruptObjectError(f"object {oid[:12]} is truncated; run `vrl fsck`")
             # the header by pread: reading it through a map would fault in a page
-            got, payload_size = parse_header(os.pread(fd, HEADER_SIZE, offset))
+            got, payload_size = parse_header(os.pread(fd, HEADER_SIZE, offset), oid)
             _check_kind(oid, got, kind)
             if payload_size != size - HEADER_SIZE:
                 raise CorruptObjectError(f"object {oid[:12]} is truncated or the wrong size; "

@@ -45,14 +45,18 @@ def tensor_header(nbytes: int) -> bytes:
     return header("tensor", nbytes)
 
 
-def parse_header(raw: bytes) -> tuple[str, int]:
-    """Return (kind, payload size) from the first 64 bytes of an object file."""
+def parse_header(raw: bytes, oid: str = "") -> tuple[str, int]:
+    """Return (kind, payload size) from the first 64 bytes of an object file (of object
+    `oid`, which the error then names)."""
     try:
         magic, kind, size = raw[:HEADER_SIZE].decode("ascii").split()
         if magic != f"vrl{FORMAT}" or kind not in KINDS or len(raw) < HEADER_SIZE:
             raise ValueError
         return kind, int(size)
     except (ValueError, UnicodeDecodeError) as exc:
+        if oid:
+            raise CorruptObjectError(damaged(oid, "its header is not a vrl object header")) \
+                from exc
         raise CorruptObjectError("object header is not a vrl object header") from exc
 
 
@@ -77,10 +81,10 @@ def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -
     return ObjectId(hasher.hexdigest())
 
 
-def damaged(oid: str) -> str:
-    """What to tell a person about an object whose bytes do not hash to its id."""
-    return (f"object {oid[:12]} is corrupted: its bytes do not match its id; run `vrl fsck`, "
-            "and take the snapshot from a remote or backup that holds it intact")
+def damaged(oid: str, what: str = "its bytes do not match its id") -> str:
+    """What to tell a person about a damaged object."""
+    return (f"object {oid[:12]} is corrupted: {what}; run `vrl fsck`, and take the snapshot "
+            "from a remote or backup that holds it intact")
 
 
 _HEX = "0123456789abcdef"

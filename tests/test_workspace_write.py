@@ -1,5 +1,5 @@
-"""Checkout and export of big tensors: their bytes are read from the store's loose files
-and packs, hashed to their ids and written from that same memory, and the written file is
+"""Checkout and export of big tensors: their bytes are hashed to their ids, then go file
+to file (copy_file_range) from the store's loose files and packs, and the written file is
 still the committed one byte for byte, with damage reported and nothing half-written."""
 
 import errno
@@ -17,6 +17,7 @@ from safetensors.numpy import save_file
 from vrl import Repo, safetensors_file
 from vrl.errors import CorruptObjectError
 from vrl.repo import MMAP_MIN
+from vrl.safetensors_file import FileSlice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +52,19 @@ def two_versions(ws, capsys):
     return files
 
 
+def copies(monkeypatch) -> list[int]:
+    """Sizes of the tensors copied file to file from now on."""
+    sizes: list[int] = []
+    real = FileSlice.copy_to
+
+    def spy(self, out):
+        sizes.append(self.nbytes)
+        real(self, out)
+
+    monkeypatch.setattr(FileSlice, "copy_to", spy)
+    return sizes
+
+
 def verified(monkeypatch) -> list[int]:
     """Sizes of the stored tensors hashed before they were written, from now on."""
     sizes: list[int] = []
@@ -69,13 +83,15 @@ def test_checkout_and_export_of_big_tensors_are_byte_identical(ws, capsys, two_v
     repo = Repo(ws)
     header = repo.read_manifest(repo.read_commit(repo.resolve("HEAD~1")).manifest
                                 ).layout.header.nbytes
-    hashed = verified(monkeypatch)
+    hashed, copied = verified(monkeypatch), copies(monkeypatch)
     code, _, err = vrl(capsys, "checkout", "HEAD~1")
     assert code == 0, err
     assert sha(ws / "policy.safetensors") == sha(two_versions[1])
-    # every tensor, loose, packed or small, and the kept file header was hashed
+    # every tensor of at least MMAP_MIN bytes, loose or packed, went file to file
+    big = sorted(a.nbytes for a in arrays(1).values() if a.nbytes >= MMAP_MIN)
+    assert sorted(copied) == big
+    # every tensor, loose, packed or small, and the kept file header was hashed first
     assert sorted(hashed) == sorted([a.nbytes for a in arrays(1).values()] + [header])
-    assert max(hashed) >= MMAP_MIN  # (big ones too)
     code, _, err = vrl(capsys, "export", "main", "out.safetensors")
     assert code == 0, err
     assert sha(ws / "out.safetensors") == sha(two_versions[2])
@@ -103,12 +119,18 @@ def test_snapshot_from_memory_exports_big_tensors_in_the_canonical_layout(ws):
     assert sha(ws / "a.safetensors") == sha(ws / "b.safetensors")
 
 
-def test_without_preallocation_the_bytes_are_the_same(ws, capsys, two_versions,
-                                                       monkeypatch):
-    """Filesystems that refuse fallocate: the file is written without a reservation."""
+def test_without_kernel_copies_or_preallocation_the_bytes_are_the_same(ws, capsys,
+                                                                       two_versions,
+                                                                       monkeypatch):
+    """Filesystems that refuse copy_file_range (EXDEV, EINVAL...) or fallocate: the bytes
+    go through memory instead."""
+    def refuse(*args):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
     def no_fallocate(*args):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
+    monkeypatch.setattr(safetensors_file, "_copy_file_range", refuse)
     monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
     code, _, err = vrl(capsys, "checkout", "HEAD~1")
     assert code == 0, err
@@ -147,6 +169,21 @@ def test_a_damaged_big_object_fails_the_export(ws, capsys, two_versions, verify)
     assert not (ws / "out.safetensors").exists()
     assert not [p for p in ws.iterdir() if ".tmp" in p.name]
     assert not Repo(ws).fsck()["ok"]
+
+
+def test_a_file_slice_shorter_than_promised_is_corruption(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.write_bytes(b"x" * 100)
+    fd = os.open(src, os.O_RDONLY)
+    slice_ = FileSlice(fd, 10, 200)
+    out_fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(CorruptObjectError, match="ended 110 bytes early"):
+            slice_.copy_to(out_fd)
+    finally:
+        slice_.close()
+        os.close(out_fd)
+    assert slice_.fd == -1
 
 
 def test_checkout_on_a_full_disk_fails_before_writing(tmp_path, capsys, monkeypatch):

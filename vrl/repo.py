@@ -52,7 +52,7 @@ from vrl.objects import (
     itemsize,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
-from vrl.safetensors_file import RawTensor, SafetensorsFile
+from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
 from vrl.tensors import ViewMemo, flatten, tensor_bytes, tensor_from_buffer, to_state
 from vrl.workspace import WorkspaceMixin, canonical_header
 
@@ -325,11 +325,36 @@ class Repo(Maintenance, WorkspaceMixin):
                                      "wrong size; run `vrl fsck`")
         return RawTensor(entry.dtype, entry.shape, data)
 
-    def tensor_chunk(self, entry: TensorEntry) -> memoryview:
+    def tensor_chunk(self, entry: TensorEntry) -> memoryview | FileSlice:
         """A tensor's bytes to write into a file for a person, verified: hashed to its id
         first (blake3, several GB/s), so damaged bytes are never written
-        (CorruptObjectError). A big one is memory-mapped, and the file is written from
-        the very bytes that were hashed."""
+        (CorruptObjectError). A big one is hashed through a read-only map of its object
+        file and handed over as a slice of that file, which the kernel copies from the
+        same page-cache pages (copy_file_range: not through this process's memory);
+        others are read, hashed and written from memory."""
+        _check_entry(entry)
+        if entry.nbytes >= MMAP_MIN:
+            try:
+                fd, offset, size = self.objects.open_payload(entry.id, "tensor")
+            except ObjectNotFoundError:  # not on disk (yet): read_tensor fetches it
+                pass
+            else:
+                try:
+                    if size != entry.nbytes:
+                        raise CorruptObjectError(f"tensor object {entry.id[:12]} is "
+                                                 "truncated or the wrong size; run `vrl fsck`")
+                    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+                    with mmap.mmap(fd, offset + size - start, access=mmap.ACCESS_READ,
+                                   offset=start) as mapped:
+                        self._verify(entry, mapped, offset - start)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                return FileSlice(fd, offset, size)
+        return self.read_verified(entry)
+
+    def read_verified(self, entry: TensorEntry) -> memoryview:
+        """A tensor's bytes in memory (as `read_tensor`), hashed to its id first."""
         data = self.read_tensor(entry).data
         if not self.objects.verify_reads:  # (with it, read_tensor hashed them)
             self._verify(entry, data)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vrl.errors import CheckpointError
+from vrl.errors import CheckpointError, CorruptObjectError
 
 MAX_HEADER = 100_000_000  # the safetensors library's own limit
 ALIGN = 8  # the library pads the header with spaces to a multiple of 8 bytes
@@ -272,13 +272,55 @@ def code_of(dtype: str) -> str:
     return code
 
 
-# posix_fallocate refused by the filesystem (some network and FUSE ones): the file is
-# written without its space reserved
-_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+class FileSlice:
+    """`nbytes` bytes of an open file from `offset` (a tensor in a store object), written
+    into another file by the kernel (copy_file_range), not through Python's memory.
+    Whoever takes it closes it."""
+
+    __slots__ = ("fd", "offset", "nbytes")
+
+    def __init__(self, fd: int, offset: int, nbytes: int) -> None:
+        self.fd, self.offset, self.nbytes = fd, offset, nbytes
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def copy_to(self, out: int) -> None:
+        """Append the bytes to `out` at its file position."""
+        offset, left = self.offset, self.nbytes
+        while left:
+            try:
+                n = _copy_file_range(self.fd, out, left, offset)
+            except OSError as exc:
+                if exc.errno not in _UNSUPPORTED:
+                    raise
+                n = _pread_write(self.fd, out, left, offset)
+            if n == 0:  # the object file shrank after its header was checked
+                raise CorruptObjectError(f"a stored tensor ended {left} bytes early (its "
+                                         "object file was cut short); run `vrl fsck`")
+            offset += n
+            left -= n
+
+
+def _pread_write(src: int, out: int, count: int, offset: int) -> int:
+    return os.write(out, os.pread(src, min(count, 1 << 24), offset))
+
+
+_copy_file_range = getattr(os, "copy_file_range", _pread_write)  # Linux only
+# refused for some pairs of files (across filesystems before Linux 5.3, some network and
+# FUSE filesystems): those bytes go through memory instead
+_UNSUPPORTED = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+
+
+def size_of(chunk: bytes | memoryview | FileSlice) -> int:
+    return chunk.nbytes if isinstance(chunk, FileSlice) else memoryview(chunk).nbytes
 
 
 def write_stream(path: Path, head: bytes | memoryview,
-                 chunks: Iterable[bytes | memoryview], size: int | None = None) -> None:
+                 chunks: Iterable[bytes | memoryview | FileSlice], size: int | None = None
+                 ) -> None:
     """Write a header and then each tensor's bytes (in data order) to `path`.
 
     Given the file's `size`, its space is reserved first: a full disk fails before anything
@@ -296,7 +338,13 @@ def write_stream(path: Path, head: bytes | memoryview,
                     raise
         _write_all(fd, head)
         for chunk in chunks:
-            _write_all(fd, chunk)
+            if isinstance(chunk, FileSlice):
+                try:
+                    chunk.copy_to(fd)
+                finally:
+                    chunk.close()
+            else:
+                _write_all(fd, chunk)
         if size and os.lseek(fd, 0, os.SEEK_CUR) != size:
             raise ValueError(f"wrote {os.lseek(fd, 0, os.SEEK_CUR)} of {size} bytes")
     finally:
@@ -309,18 +357,21 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def reproduce(head: bytes | memoryview, data_of: Callable[[str], memoryview | bytes]
-              ) -> tuple[Header, Iterable[memoryview | bytes]]:
+def reproduce(head: bytes | memoryview,
+              data_of: Callable[[str], memoryview | bytes | FileSlice]
+              ) -> tuple[Header, Iterable[memoryview | bytes | FileSlice]]:
     """Check a stored header and list the bytes that follow it, tensor by tensor."""
     header = parse_header(head)
     if header.size != len(memoryview(head)):
         raise ValueError("stored header has trailing bytes")
 
-    def chunks() -> Iterable[memoryview | bytes]:
+    def chunks() -> Iterable[memoryview | bytes | FileSlice]:
         for t in header.by_offset():
             data = data_of(t.name)
-            if memoryview(data).nbytes != t.end - t.begin:
-                raise ValueError(f"tensor {t.name!r} has {memoryview(data).nbytes} bytes, "
+            if size_of(data) != t.end - t.begin:
+                if isinstance(data, FileSlice):
+                    data.close()
+                raise ValueError(f"tensor {t.name!r} has {size_of(data)} bytes, "
                                  f"the header says {t.end - t.begin}")
             yield data
 

@@ -27,9 +27,9 @@ from vrl.safetensors_file import write_stream
 
 if TYPE_CHECKING:
     from vrl.repo import Repo
-    from vrl.safetensors_file import SafetensorsFile
+    from vrl.safetensors_file import FileSlice, SafetensorsFile
 
-    Chunk = memoryview | bytes  # a piece of a file being written
+    Chunk = memoryview | bytes | FileSlice  # a piece of a file being written
 
 SAFETENSORS = (".safetensors",)
 TORCH = (".pt", ".pth", ".ckpt", ".bin")
@@ -433,7 +433,7 @@ class WorkspaceMixin:
         if manifest.layout.format != "safetensors":
             raise CheckpointError(f"this snapshot was committed from a "
                                   f"{manifest.layout.format} file; export it to that format")
-        head = self.tensor_chunk(manifest.layout.header)
+        head = self.read_verified(manifest.layout.header)
 
         def data_of(name: str) -> Chunk:
             entry = manifest.tensors.get(name)

@@ -21,8 +21,7 @@ import vrl.refs
 import vrl.repo
 from vrl import Repo
 from vrl.cli import main
-from vrl.errors import CorruptObjectError, StorageError, VrlError
-from vrl.object_store import storage_error
+from vrl.errors import CorruptObjectError, StorageError, VrlError, storage_error
 from vrl.objects import HEADER_SIZE
 
 

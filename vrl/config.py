@@ -10,14 +10,14 @@ vrl manages itself (`remote "NAME"`, vrl.remote.config) and its own bookkeeping 
 from __future__ import annotations
 
 import configparser
+import io
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vrl.durable import write_file
 from vrl.errors import ConfigError, VrlError
-from vrl.object_store import _fsync_dir, discard, storage_error
 
 DEFAULTS = {
     "core": {"fsync": "true", "verify": "false", "workspace": "policy.safetensors",
@@ -159,14 +159,7 @@ class Config:
         self.parser.remove_section(section)
 
     def save(self) -> None:
-        tmp = self.path.with_name(f".config.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w") as f:
-                self.parser.write(f)
-                f.flush()
-                os.fsync(f.fileno())  # a power cut must not leave an empty config
-            os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
-        except OSError as exc:
-            discard(tmp)
-            raise storage_error(exc, self.path.parent, "writing the config") from exc
+        text = io.StringIO()
+        self.parser.write(text)
+        # whole or not at all: a power cut must not leave an empty config
+        write_file(self.path, text.getvalue(), "writing the config")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 
 class VrlError(Exception):
     """Base class of every error vrl raises on purpose (exit code 1 in the CLI)."""
@@ -56,3 +60,14 @@ class PrunedError(VrlError):
 
 class StorageError(VrlError, OSError):
     """The disk is full, the repository is read-only, or another I/O problem."""
+
+
+def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
+    """Turn a low-level OSError into a one-line StorageError that says what to do."""
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return StorageError(f"disk full while {doing} in {root}: nothing was changed; "
+                            "free some space (or run `vrl gc`) and retry")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return StorageError(f"repository {root} is read-only ({os.strerror(exc.errno)}) "
+                            f"while {doing}; use a writable copy or fix its permissions")
+    return StorageError(f"I/O error while {doing} in {root}: {exc.strerror or exc}")

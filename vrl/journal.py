@@ -1,20 +1,17 @@
 """The commit journal: one write and one `fdatasync` make a commit durable.
 
-Without it, a crash-safe commit on a POSIX filesystem takes three rounds of fsync (the
-pack's data, then its name with the ref's temp file and reflog lines, then the ref's
-rename: bench/commit_floor.py), which for a small policy cost more than the whole
-`torch.save` a user compares with. With it, a commit writes one record to `.vrl/journal`
-- the commit's pack of small objects (manifest, commit, small tensors), the ref's move and
-its reflog lines - and fdatasyncs that one file: that is the commit point, and `commit`
-returns. The pack file, the reflog lines and the ref are then written as always, but
-without fsync ("materialised"), by a background thread that holds the journal until it is
-done. Readers never parse the journal: this process reads the commit's objects from
-memory meanwhile and waits for that thread before reading refs (`wait`, installed as the
-ref store's and object store's barrier); another process sees in the header that a record
-is not materialised yet and waits for the journal's lock. Big tensors are loose files made
-durable (with their directories) before the record is appended, as before. A journaled
+The protocol - the commit point, materialising, checkpoints, recovery - and the invariants
+it keeps are stated in docs/durability.md; this module carries them out. In short: a
+commit appends one record (its pack of small objects, the ref's move, its reflog lines) and
+fdatasyncs the journal; the pack, lines and ref are then written without fsync by a
+background thread that holds the journal until they are (readers wait for it: `wait`,
+installed as the ref store's and object store's barrier; other processes see in the
+header that a record is not materialised and wait for the journal's lock). A journaled
 commit takes no ref lock file: every ref change outside the journal holds it throughout
-(`exclusive`, the ref store's guard).
+and checkpoints first (`exclusive`); a step that removes files holds it and checkpoints
+before removing anything (`maintaining`).
+
+The file:
 
     0    header, 64 bytes: b"vrljrnl2", the boot id of the records' machine (40 bytes,
          ASCII, space-padded), u64 offset up to which every record is materialised, u64
@@ -35,23 +32,7 @@ is added in the background once a record did not fit (zeros, doubling), and kept
 checkpoint starts a new epoch at offset 64, which makes every older record stale without
 erasing it.
 
-Recovery (all under an `flock` of the journal, which the kernel releases if its holder
-dies):
-- A holder killed between its append and the end of materialising (same boot): the next
-  holder finds an intact record at the materialised offset and re-applies the records
-  from there (a torn record, never fdatasynced, is invalidated).
-- A power cut: files written without fsync may be lost or empty. The first holder after the
-  reboot (the boot id differs) re-applies every record in order, then checkpoints.
-Re-applying is idempotent: a pack is written unless the file holds exactly its bytes; the
-ref is set if it holds the record's old value (or is damaged), a reflog line is appended if
-the log lacks it. In order, each record's old value is the previous record's new one, so a
-ref lost at any point of the chain ends at the last record's value.
-
-Checkpoint: everything the records materialised is fsynced, then the header is rewritten
-with a new epoch and offset 64 (and fsynced).
-It runs under a ref's lock before any ref change outside the journal (a replay must never
-undo one: a ref reset to an older commit would hold a record's old value again), before gc
-and repack, and once the journal passes JOURNAL_MAX bytes.
+Recovery, checkpoints and why re-applying is idempotent: docs/durability.md.
 
 The journal is used where a reboot can be recognised (Linux: /proc's boot id) and fsync is
 on; `core.journal = false` turns it off (the three-round protocol then runs as before).
@@ -76,10 +57,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import vrl
-from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError
-from vrl.object_store import FileObjectStore, _fsync_dir, discard, storage_error
+from vrl.durable import discard, fdatasync, fsync, fsync_all, fsync_dir
+from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError, storage_error
+from vrl.object_store import FileObjectStore
 from vrl.objects import ObjectId, is_object_id
-from vrl.refs import ANY, LOCK_TIMEOUT, RefStore, _fsync_all, check_ref_name, short_ref
+from vrl.refs import ANY, LOCK_TIMEOUT, RefStore, check_ref_name, short_ref
 
 HEADER = struct.Struct("<8s40sQQ")
 MAGIC = b"vrljrnl2"
@@ -355,7 +337,7 @@ class Journal:
         journal existed gets it at its first journaled commit)."""
         try:
             create_journal(self.vrl_dir)
-            _fsync_dir(self.vrl_dir)
+            fsync_dir(self.vrl_dir)
         except OSError as exc:
             raise storage_error(exc, self.vrl_dir, "creating the commit journal") from exc
 
@@ -640,9 +622,9 @@ class Journal:
             _pwrite_all(fd, record, size, nbytes)
             if also:
                 opened = [os.open(p, os.O_RDONLY) for p in also if isinstance(p, str)]
-                _fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
+                fsync_all([fd, *[f for f in also if isinstance(f, int)], *opened])
             else:
-                os.fdatasync(fd)
+                fdatasync(fd)
         except OSError as exc:
             self._take_back(fd, size)
             raise storage_error(exc, self.vrl_dir, "writing the commit journal") from exc
@@ -655,7 +637,7 @@ class Journal:
         """Invalidate a record written at `size` that failed (nothing was reported)."""
         with contextlib.suppress(OSError):
             os.pwrite(fd, bytes(RECORD.size), size)
-            os.fdatasync(fd)
+            fdatasync(fd)
 
     @staticmethod
     def _make_room(fd: int, record: Record) -> None:
@@ -675,7 +657,7 @@ class Journal:
             zeros = bytes(min(target - size, 1 << 20)) if target > size else b""
             while size < target:
                 size += os.pwrite(fd, zeros[:target - size], size)
-            os.fdatasync(fd)
+            fdatasync(fd)
 
     # ------------------------------------------------------------------ applying
     def _apply(self, record: Record, recovering: bool, sealed: tuple | None = None
@@ -780,7 +762,7 @@ class Journal:
                 with contextlib.suppress(FileNotFoundError):  # e.g. a pack merged since
                     fds.append(os.open(path, os.O_RDONLY))
             if fds:
-                _fsync_all(fds)
+                fsync_all(fds)
         except OSError as exc:
             raise storage_error(exc, self.vrl_dir, "checkpointing the commit journal"
                                 ) from exc
@@ -792,7 +774,7 @@ class Journal:
             if drop or os.fstat(fd).st_size > 2 * (JOURNAL_MAX + EXTERNAL_MIN + ROOM_MIN):
                 os.ftruncate(fd, HEADER.size)
             os.pwrite(fd, self._header(HEADER.size, epoch), 0)
-            os.fsync(fd)
+            fsync(fd)
         except OSError as exc:
             raise storage_error(exc, self.vrl_dir, "checkpointing the commit journal"
                                 ) from exc
@@ -817,7 +799,7 @@ def create_journal(vrl_dir: Path) -> None:
         try:
             os.write(fd, HEADER.pack(MAGIC, (boot_id() or "").encode().ljust(40),
                                      HEADER.size, _new_epoch()) + bytes(INIT_ROOM))
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
         with contextlib.suppress(FileExistsError):  # another process was first

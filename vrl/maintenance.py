@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vrl.durable import discard
 from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
-from vrl.object_store import discard
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, TensorEntry, is_object_id
 from vrl.refs import ANY, ReflogEntry, interrupted, short_ref
 

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING
 import blake3
 
 from vrl import pack
-from vrl.errors import CorruptObjectError, ObjectNotFoundError, StorageError, VrlError
+from vrl.durable import discard, fsync, fsync_dir, thread_pool
+from vrl.errors import (
+    CorruptObjectError,
+    ObjectNotFoundError,
+    VrlError,
+    storage_error,
+)
 from vrl.objects import (
     HEADER_SIZE,
     ObjectId,
@@ -219,66 +225,6 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 if TYPE_CHECKING:  # (concurrent.futures imports logging: ~5-10 ms a read-only command)
     from concurrent.futures import Future, ThreadPoolExecutor
-
-_POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
-    """A long-lived pool of this process (starting threads per commit cost more than the
-    work they overlap). Per process: a forked child inherits the parent's pool objects
-    but not its threads, and work submitted to them would wait forever."""
-    key = (name, os.getpid())
-    pool = _POOLS.get(key)
-    if pool is None:
-        with _POOLS_LOCK:
-            pool = _POOLS.get(key)
-            if pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                pool = _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix=name)
-    return pool
-
-
-def _fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_dirs(folder: Path, fsync: bool) -> None:
-    """Create `folder` and its missing parents; with fsync, each new directory's entry in
-    its parent is made durable (or a power cut can lose everything written inside it)."""
-    missing = []
-    while not folder.is_dir():
-        missing.append(folder)
-        folder = folder.parent
-    for new in reversed(missing):
-        new.mkdir(exist_ok=True)
-        if fsync:
-            _fsync_dir(new.parent)
-
-
-def discard(path: Path) -> None:
-    """Remove a temp file if it is there, never raising: on a read-only filesystem even a
-    file that does not exist gives EROFS, which must not hide the error being reported."""
-    with contextlib.suppress(OSError):
-        path.unlink(missing_ok=True)
-
-
-def storage_error(exc: OSError, root: Path, doing: str) -> StorageError:
-    """Turn a low-level OSError into a one-line StorageError that says what to do."""
-    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
-        return StorageError(f"disk full while {doing} in {root}: nothing was changed; "
-                            "free some space (or run `vrl gc`) and retry")
-    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return StorageError(f"repository {root} is read-only ({os.strerror(exc.errno)}) "
-                            f"while {doing}; use a writable copy or fix its permissions")
-    return StorageError(f"I/O error while {doing} in {root}: {exc.strerror or exc}")
-
-
 
 
 PACK_MAX = 1 << 20
@@ -780,7 +726,7 @@ class FileObjectStore(ObjectStore):
         try:
             try:
                 if self.fsync:
-                    os.fsync(fd)
+                    fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, final)
@@ -1134,9 +1080,9 @@ class FileObjectStore(ObjectStore):
         if not self.fsync or not dirs:
             return
         if len(dirs) == 1:
-            _fsync_dir(dirs[0])
+            fsync_dir(dirs[0])
         else:  # independent directories: their journal flushes can overlap
-            list(self._executor().map(_fsync_dir, dirs))
+            list(self._executor().map(fsync_dir, dirs))
 
     def take_unsynced_dirs(self) -> list[str]:
         """Wait for batched writes and hand over the directories whose new entries are not

@@ -28,14 +28,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from vrl.durable import discard, fsync, fsync_all, fsync_dir, make_dirs
 from vrl.errors import (
     InvalidRefNameError,
     RefConflictError,
     RevisionError,
     StorageError,
     VrlError,
+    storage_error,
 )
-from vrl.object_store import _fsync_dir, discard, make_dirs, storage_error, thread_pool
 from vrl.objects import ObjectId, is_object_id
 
 ZERO = "0" * 64
@@ -516,14 +517,14 @@ class RefStore:
                     pending = self._local.pending  # set by _write_logged, which closes them
                     for folder in folders:
                         pending.append(os.open(folder, os.O_RDONLY))
-                    _fsync_all([fd, *pending])
+                    fsync_all([fd, *pending])
             finally:
                 if fd is not None:
                     os.close(fd)
             if sync or not _exchange(tmp, path):
                 os.replace(tmp, path)
             if sync:
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
         except OSError as exc:
             discard(tmp)
             raise storage_error(exc, self.root, f"writing {path.name}") from exc
@@ -659,11 +660,11 @@ class RefStore:
             else:
                 try:
                     if sync:
-                        os.fsync(fd)
+                        fsync(fd)
                 finally:
                     os.close(fd)
                 if created and sync:
-                    _fsync_dir(path.parent)
+                    fsync_dir(path.parent)
             if written != len(line):  # a full disk can write part of the line
                 self._undo_log(path, end, written)
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -770,24 +771,6 @@ def _exchange(tmp: Path, path: Path) -> bool:
         raise OSError(err, os.strerror(err), os.fspath(path))
     discard(tmp)
     return True
-
-
-def _fsync_all(fds: list[int]) -> None:
-    """fsync these files (and directories) concurrently: a journalling filesystem commits
-    them together, where one after another each waits for its own commit."""
-    if len(fds) == 1:
-        os.fsync(fds[0])
-        return
-    from concurrent.futures import wait
-
-    pool = thread_pool("vrl-ref-fsync", 8)
-    futures = [pool.submit(os.fsync, fd) for fd in fds[1:]]
-    try:
-        os.fsync(fds[0])  # this thread does one itself instead of waiting idle
-    finally:
-        wait(futures)  # all done before the caller closes any of them
-    for future in futures:
-        future.result()
 
 
 def short_ref(name: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from vrl.config import Config
 from vrl.diff import DiffResult, compare
+from vrl.durable import fsync, fsync_dir
 from vrl.errors import (
     CorruptObjectError,
     MetadataError,
@@ -33,10 +34,11 @@ from vrl.errors import (
     RevisionError,
     VrlError,
     WorkspaceError,
+    storage_error,
 )
 from vrl.journal import Journal, boot_id, create_journal
 from vrl.maintenance import Maintenance
-from vrl.object_store import PACK_MAX, FileObjectStore, _fsync_dir, storage_error
+from vrl.object_store import PACK_MAX, FileObjectStore
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
@@ -251,16 +253,16 @@ class Repo(Maintenance, WorkspaceMixin):
             with open(vrl_dir / "HEAD.tmp", "w") as f:
                 f.write(f"ref: refs/heads/{branch}\n")
                 f.flush()
-                os.fsync(f.fileno())
+                fsync(f.fileno())
             # every directory entry durable before HEAD, and HEAD's before the repository's:
             # a power cut never leaves a repository that opens but lost its commits' refs
             for sub in ("objects", "logs/refs", "logs", "refs", "."):
-                _fsync_dir(vrl_dir / sub)
+                fsync_dir(vrl_dir / sub)
             os.replace(vrl_dir / "HEAD.tmp", vrl_dir / "HEAD")  # HEAD last: marks it complete
-            _fsync_dir(vrl_dir)
-            _fsync_dir(root)
+            fsync_dir(vrl_dir)
+            fsync_dir(root)
             for new in created:  # a clone into a new directory must not vanish at a cut
-                _fsync_dir(new.parent)
+                fsync_dir(new.parent)
         except OSError as exc:
             raise storage_error(exc, root, "creating the repository") from exc
         return cls(root)
@@ -754,28 +756,16 @@ class Repo(Maintenance, WorkspaceMixin):
                 check_depth(value, name)
         if optimizer is not None:
             state = {"model": to_state(state), "optimizer": to_state(optimizer)}
-        # Durability, in order (each step's fsyncs run concurrently; a journalling
-        # filesystem commits them at once, so the cost is one round per step):
+        # Durability (docs/durability.md states the protocol and its invariants):
         # 1. big tensors: loose files, fsynced, renamed, their directories fsynced - before
-        #    the pack that names them can appear (no durable commit ever lacks its data);
-        # 2. the snapshot's small objects, manifest and commit: one pack, written to a temp
-        #    file and fsynced, then renamed into objects/pack/ (whole or absent) - on a
-        #    worker thread, while this one locks the ref and writes its temp file and
-        #    reflog lines (a line written, or even durable, before its commit is, is one
-        #    of a move that never happened if the ref does not follow: refs.interrupted);
-        # 3. once step 2 is done: the pack directory, the ref's temp file and the reflog
-        #    lines, fsynced together (`durable_first`): everything the ref will name is
-        #    durable before its rename;
-        # 4. the rename of the ref, then its directory fsynced: the commit is durable
-        #    when this returns.
-        # A small-policy commit makes three rounds (steps 2-4; step 1 has nothing to do).
-        # Fewer is not crash-safe on a POSIX filesystem: a new file's data must be durable
-        # before its name appears (or a cut can leave the name with lost data), the pack's
-        # name before the ref's rename, and that rename before the commit is reported.
-        # With the commit journal (`self._journaled`, the default on Linux), steps 2-4 are
-        # one round: the batch is sealed instead of written, and the journal appends the
-        # pack's bytes, the ref's move and the reflog lines as one record and fdatasyncs
-        # it, then writes the pack, lines and ref without fsync (vrl/journal.py).
+        #    anything that names them can appear;
+        # 2-4. with the commit journal (`self._journaled`, the default on Linux) the batch
+        #    is sealed, and the journal appends its pack, the ref's move and the reflog
+        #    lines as one record and fdatasyncs it: the commit point (vrl/journal.py).
+        #    Without it, three rounds: 2. the small objects' pack, written and fsynced on a
+        #    worker thread while this one locks the ref and writes its temp file and reflog
+        #    lines; 3. the pack directory, the ref's temp file and the lines fsynced
+        #    together (`durable_first`); 4. the ref's rename and its directory.
         unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
         # (the batch is opened and closed by hand, not by context managers: every commit of
         # a training loop pays for what runs here)

@@ -20,8 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vrl.diff import DiffResult, compare
-from vrl.errors import CheckpointError, CorruptObjectError, StorageError, VrlError, WorkspaceError
-from vrl.object_store import discard, storage_error
+from vrl.durable import discard
+from vrl.errors import (
+    CheckpointError,
+    CorruptObjectError,
+    StorageError,
+    VrlError,
+    WorkspaceError,
+    storage_error,
+)
 from vrl.objects import Manifest, ObjectId, TensorEntry, is_object_id
 from vrl.safetensors_file import write_stream
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from vrl.durable import fsync, fsync_dir, make_dirs
 from vrl.errors import RefConflictError, VrlError
-from vrl.object_store import FileObjectStore, _fsync_dir, make_dirs
+from vrl.object_store import FileObjectStore
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import RefStore
 from vrl.remote.base import KeyMissing, RemoteStore, redact, too_large
@@ -163,10 +164,10 @@ class LocalRemote(RemoteStore):
                     out.write(source)
                 if self.fsync:
                     out.flush()
-                    os.fsync(out.fileno())
+                    fsync(out.fileno())
             os.replace(tmp, final)
             if self.fsync:  # the new name durable before the call returns (a ref, next)
-                _fsync_dir(final.parent)
+                fsync_dir(final.parent)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

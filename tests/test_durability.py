@@ -17,6 +17,7 @@ import vrl.journal as journal
 import vrl.object_store as object_store
 from vrl import Repo
 from vrl.errors import RevisionError
+from vrl.refs import ANY
 
 
 def _state(i: int, tensors: int = 1, numel: int = 1000) -> dict[str, torch.Tensor]:
@@ -243,3 +244,44 @@ def test_a_replay_that_applied_its_record_twice_is_caught(tmp_path, monkeypatch)
         again = Repo(work)
         again.sync()
         assert again.fsck()["ok"] is checked
+
+
+# ------------------------------------------------------------------ compare-and-swap
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["", "without-the-check"])
+@pytest.mark.parametrize("journaled", [False, True], ids=["three-rounds", "journal"])
+def test_a_commit_that_loses_the_race_for_its_ref_keeps_both(tmp_path, monkeypatch,
+                                                             journaled, broken):
+    """The interleaving forced, not timed: another writer commits on main between this
+    commit's read of its parent and its compare-and-swap; the CAS fails, the commit is
+    re-parented onto the other one, and neither is lost (with the check removed, the
+    second write would overwrite the first)."""
+    work = tmp_path / "w"
+    Repo.init(work)
+    first = Repo(work, journal=journaled)
+    base = first.commit(_state(0), message="base", env=False)
+    first.sync()
+    other = Repo(work, journal=journaled)
+    raced: list[str] = []
+    target = (journal.Journal, "commit") if journaled else (type(first.refs), "update")
+    real = getattr(*target)
+
+    def racing(self, *args, **kwargs):
+        if not raced:  # once: the other writer lands first
+            raced.append("")
+            with monkeypatch.context() as undo:
+                undo.setattr(*target, real)
+                raced[0] = other.commit(_state(1), message="other", env=False)
+                other.sync()
+        if broken:  # the compare-and-swap's expected value ignored
+            args = (*args[:2], ANY, *args[3:]) if journaled else args
+            kwargs = {**kwargs, "expected": ANY} if not journaled else kwargs
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(*target, racing)
+    mine = first.commit(_state(2), message="mine", env=False)
+    first.sync()
+    monkeypatch.undo()
+    chain = Repo(work).first_parent_chain(Repo(work).head())
+    assert (chain[:3] == [mine, raced[0], base]) is not broken

@@ -45,16 +45,13 @@ def prepared(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("verified") / "ws"
     root.mkdir()
-    cwd = os.getcwd()
-    os.environ.setdefault("VRL_AUTHOR", "tester")
-    try:
-        os.chdir(root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VRL_AUTHOR", "tester")
+        patch.chdir(root)
         assert main(["init"]) == 0
         for version in (1, 2):
             save_file(arrays(version), "policy.safetensors", metadata={"v": str(version)})
             assert main(["commit", "-m", f"v{version}", "--no-env"]) == 0
-    finally:
-        os.chdir(cwd)
     repo = Repo(root)
     v1 = repo.resolve("HEAD~1")
     manifest = repo.read_manifest(repo.read_commit(v1).manifest)

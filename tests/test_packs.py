@@ -519,3 +519,26 @@ def test_a_pack_freshened_lately_is_freshened_again_without_a_look_at_its_age(
     os.remove(path)  # (collected by another process)
     clock[0] += 1
     assert not store.touch(a)
+
+
+def test_every_byte_flipped_in_a_pack_index_is_caught(tmp_path):
+    """The index's checksum guards every byte of it, each object's id above all (a
+    flipped id bit would pass every other check and name the bytes by a wrong id)."""
+    from vrl.errors import CorruptObjectError
+    from vrl.pack import ENTRY, TRAILER, read_index
+
+    store = Repo.init(tmp_path / "r").objects
+    with store.batch():
+        for i in range(3):
+            store.write("tensor", bytes([i]) * (100 + i))
+    path = Path(store._pack_dir) / store.packs()[0]
+    data = path.read_bytes()
+    assert len(read_index(str(path))) == 3
+    start = len(data) - TRAILER.size - 3 * ENTRY.size
+    reserved = range(len(data) - 40, len(data) - 32)  # (the trailer's 8 unused bytes)
+    for at in (at for at in range(start, len(data)) if at not in reserved):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(CorruptObjectError):
+            read_index(str(path))

@@ -63,10 +63,17 @@ def gc(repo: Repo, grace: float | None, now: bool, dry_run: bool, expire_reflog:
 
 
 @click.command()
+@click.option("--remote", "remote_name", metavar="NAME", default=None,
+              help="Check remote NAME instead: every object its refs reach, read back and "
+                   "hashed (`vrl push --repair NAME` re-sends what is missing or damaged).")
 @json_option
 @pass_repo
-def fsck(repo: Repo, as_json: bool) -> None:
+def fsck(repo: Repo, remote_name: str | None, as_json: bool) -> None:
     """Check objects (re-hashed), commits, manifests, refs and reflogs; list every problem."""
+    if remote_name is not None:
+        from vrl.cli.remotes import fsck_remote
+
+        return fsck_remote(repo, remote_name, as_json)
     report = repo.fsck()
     if as_json:
         echo_json(report)

@@ -149,28 +149,43 @@ def _summary(result: Any) -> str:
 @click.option("-f", "--force", is_flag=True, help="Overwrite diverged remote refs.")
 @click.option("--create", is_flag=True,
               help="Create the remote if nothing is there yet (a new store).")
+@click.option("--repair", is_flag=True,
+              help="First re-send, from this repository, every object the remote's refs "
+                   "need that is missing or damaged there (what `vrl fsck --remote` "
+                   "reports).")
 @jobs_option
 @quiet_option
 @json_option
 @pass_repo
 def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branches: bool,
-         tags: bool, force: bool, create: bool, jobs: int, quiet: bool,
+         tags: bool, force: bool, create: bool, repair: bool, jobs: int, quiet: bool,
          as_json: bool) -> None:
-    """Upload what REMOTE lacks and move its refs (fast-forward only unless --force)."""
+    """Upload what REMOTE lacks and move its refs (fast-forward only unless --force).
+
+    Every object is hashed before it is sent: a damaged one stops the push, naming it.
+    """
     from vrl.remote import default_remote, open_named
     from vrl.remote import push as do_push
 
     name = default_remote(repo, remote_name)
     store = open_named(repo, name)
     try:
+        repaired = _repair(repo, store, name, jobs, quiet or as_json) if repair else None
         result = do_push(repo, store, name, refs, all_branches=all_branches, tags=tags,
                          force=force, jobs=jobs, progress=TqdmProgress(quiet or as_json),
                          create=create)
     finally:
         store.close()
     if as_json:
-        echo_json(result.to_json())
+        echo_json(result.to_json() | ({} if repaired is None else {"repaired": [
+            {"id": p.oid, "kind": p.kind, "was": p.problem} for p in repaired.sent]}))
         return
+    if repaired is not None:
+        for p in repaired.sent:
+            click.echo(safe(f"{name}: re-sent {p.kind} {p.oid[:12]} (was {p.problem})", True))
+        if not repaired.sent:
+            click.echo(safe(f"{name}: nothing to repair ({repaired.report.objects} objects "
+                            "checked)", True))
     for u in result.updates:
         ref = u.ref.removeprefix("refs/heads/").removeprefix("refs/")
         if u.status == "up-to-date":
@@ -180,6 +195,51 @@ def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branche
                             True))
     if not quiet and any(u.status != "up-to-date" for u in result.updates):
         click.echo(f"Sent {_summary(result)}")
+
+
+def _repair(repo: Repo, store: Any, name: str, jobs: int, quiet: bool) -> Any:
+    """`push --repair`: re-send what the remote's refs need and lack intact; refuse (after
+    sending what it could) when this repository has no good copy of some."""
+    from vrl.errors import VrlError
+    from vrl.remote.check import repair_remote
+
+    result = repair_remote(repo, store, name, jobs=jobs, progress=TqdmProgress(quiet))
+    if result.unrepaired:
+        first = result.unrepaired[0]
+        more = f" and {len(result.unrepaired) - 1} more" if len(result.unrepaired) > 1 else ""
+        raise VrlError(f"cannot repair {name}: {first.message(name)}{more}, and this "
+                       f"repository has no good copy (re-sent {len(result.sent)} others); "
+                       "push --repair from a repository that holds it, or see `vrl fsck "
+                       f"--remote {name}`")
+    return result
+
+
+def fsck_remote(repo: Repo, name: str, as_json: bool, jobs: int = 8) -> None:
+    """`vrl fsck --remote NAME`: every object NAME's refs reach, read back and hashed; one
+    line per missing or damaged one, exit 1 if any."""
+    from vrl.remote import open_named
+    from vrl.remote.check import check_remote
+
+    store = open_named(repo, name)
+    try:
+        report = check_remote(repo, store, name, jobs=jobs)
+    finally:
+        store.close()
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        for problem in report.problems:
+            click.echo(f"error: {safe(problem.message(name), True)}")
+        for what in report.unchecked:
+            click.echo(f"warning: not checked: {safe(what, True)}")
+        state = "ok" if report.ok else (f"{len(report.problems)} problem(s); `vrl push "
+                                        f"--repair {name}` re-sends them from this "
+                                        "repository")
+        refs = f"{report.refs} ref" + ("" if report.refs == 1 else "s")
+        click.echo(safe(f"checked {report.objects} objects on {name} ({refs}): {state}",
+                        True))
+    if not report.ok:
+        raise click.exceptions.Exit(1)
 
 
 @click.command()

@@ -231,7 +231,8 @@ class PackReader:
         if len(data) != end - start:
             raise CorruptObjectError(f"pack {os.path.basename(key)} on "
                                      f"{redact(self.store.url)} is shorter than its index "
-                                     "says; repair the remote by pushing from a good copy")
+                                     "says; repair the remote with `vrl push --repair` from "
+                                     "a repository that holds a good copy")
         return data
 
     def _whole_pack(self, key: str, limit: int = WHOLE_PACK_MAX) -> bytes | None:

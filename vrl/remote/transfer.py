@@ -12,9 +12,10 @@ already arrived.
 
 from __future__ import annotations
 
+import itertools
 import shutil
+import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -82,13 +83,35 @@ class TransferResult:
 
 
 def _pool_map(func: Callable[[Any], Any], items: Iterable[Any], jobs: int) -> list[Any]:
+    """`[func(i) for i in items]` on up to `jobs` threads. The first failure stops the
+    rest: a remote that names 100,000 objects it does not have is refused at the first
+    one, not after asking for every one (nor after queueing a future for each)."""
     items = list(items)
-    if not items:
-        return []
-    if jobs <= 1 or len(items) == 1:
+    if jobs <= 1 or len(items) <= 1:
         return [func(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(jobs, len(items))) as pool:
-        return list(pool.map(func, items))
+    results: list[Any] = [None] * len(items)
+    failed: list[BaseException] = []
+    order = itertools.count()  # next() on it is atomic: each index is taken once
+
+    def work() -> None:
+        while not failed:
+            i = next(order)
+            if i >= len(items):
+                return
+            try:
+                results[i] = func(items[i])
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                failed.append(exc)
+
+    threads = [threading.Thread(target=work, daemon=True)
+               for _ in range(min(jobs, len(items)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
+    return results
 
 
 def ancestors(repo: Repo, tips: Iterable[ObjectId]) -> set[ObjectId]:
@@ -122,7 +145,8 @@ def _verify(oid: ObjectId, raw: bytes, where: str, kind: str | None = None) -> s
                      ).hexdigest() != oid:
         raise CorruptObjectError(f"object {oid} from {where} is corrupted (its bytes do not "
                                  "hash to its id); nothing was written; repair the remote "
-                                 "by pushing from a good copy")
+                                 "with `vrl push --repair` from a repository that holds "
+                                 "a good copy")
     got, size = parse_header(raw)
     if len(raw) - HEADER_SIZE != size or (kind and got != kind):
         raise CorruptObjectError(f"object {oid} from {where} is not a valid {kind or 'object'}"
@@ -160,6 +184,46 @@ def _download(reader: PackReader, oid: ObjectId, kind: str | None = None,
 def _store_raw(repo: Repo, oid: ObjectId, raw: bytes) -> None:
     kind, _ = parse_header(raw)
     repo.objects.write(kind, memoryview(raw)[HEADER_SIZE:], oid)
+
+
+def _hashes_to(oid: ObjectId, data: bytes | memoryview) -> bool:
+    threads = blake3.blake3.AUTO if len(data) > (1 << 22) else 1
+    return blake3.blake3(data, max_threads=threads).hexdigest() == oid
+
+
+def damaged_here(oid: ObjectId, kind: str, remote: str) -> CorruptObjectError:
+    """The error of a push that found a damaged object in this repository."""
+    return CorruptObjectError(
+        f"{kind} {oid[:12]} in this repository is damaged (its bytes do not match its "
+        f"id); the push sent nothing damaged and moved no ref on {remote}; run `vrl fsck`, "
+        "then restore the object from a good copy (e.g. `vrl fetch` from a remote that "
+        "holds it intact) and push again")
+
+
+def verified_raw(repo: Repo, oid: ObjectId, kind: str, remote: str) -> bytes:
+    """An object's stored bytes (header + payload), hashed to its id first: what a push
+    sends is never damage it would spread to every clone."""
+    try:
+        raw = repo.objects.read_raw(oid)
+    except CorruptObjectError:
+        raise damaged_here(oid, kind, remote) from None
+    if not _hashes_to(oid, raw):
+        raise damaged_here(oid, kind, remote)
+    return raw
+
+
+def verify_file(oid: ObjectId, path: Path, kind: str, remote: str) -> None:
+    """Hash a loose object file (through a read-only map, on several cores when big)
+    before it is uploaded from that file. Objects are immutable: the file read again for
+    the upload holds the bytes just hashed."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    try:
+        if path.stat().st_size:
+            hasher.update_mmap(path)
+    except OSError:
+        raise damaged_here(oid, kind, remote) from None
+    if hasher.hexdigest() != oid:
+        raise damaged_here(oid, kind, remote)
 
 
 # ------------------------------------------------------------------------------ push
@@ -403,7 +467,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
             raise VrlError(f"object {o[:12]} is needed for the push but is not in this "
                            "repository (pruned or a metadata-only clone) nor on the remote")
     sizes = {o: HEADER_SIZE + repo.objects.kind_and_size(o)[1] for o in data + new_commits}
-    progress.begin(f"push {redact(store.url)}", sum(sizes.values()), len(sizes))
+    where = redact(store.url)
+    progress.begin(f"push {where}", sum(sizes.values()), len(sizes))
     kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest") | \
         dict.fromkeys(new_commits, "commit")
     loose = sorted((o for o in data if not PUSH_PACKS or
@@ -416,16 +481,20 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
         groups = _split([o for o in small if kinds[o] == "tensor"], sizes)
         last = [o for o in small if kinds[o] != "tensor"] + new_commits
 
+    # Every object is hashed before it is sent (blake3: GB/s): damage here must not reach
+    # the remote, where every clone would fail on it.
     def send(oid: ObjectId) -> None:
         path = repo.objects.loose_path(oid)  # big tensors: streamed from their file
         if path is not None:
+            verify_file(oid, path, kinds[oid], where)
             store.put_file(object_key(oid), path)
         else:  # packed here: its bytes, read by id
-            store.put(object_key(oid), repo.objects.read_raw(oid))
+            store.put(object_key(oid), verified_raw(repo, oid, kinds[oid], where))
         progress.advance(sizes[oid])
 
     def send_pack(ids: list[ObjectId]) -> None:
-        name, data_, entries = pack.build_bytes((o, repo.objects.read_raw(o)) for o in ids)
+        name, data_, entries = pack.build_bytes((o, verified_raw(repo, o, kinds[o], where))
+                                                for o in ids)
         if pack_key(name) not in packs.sizes:  # else a rerun: that very pack is there
             store.put(pack_key(name), data_)
         packs.add(name, data_, entries)

@@ -507,7 +507,8 @@ class Journal:
 
     # ------------------------------------------------------------------ commit
     def commit(self, name: str, new: ObjectId, expected: object, reason: str,
-               before_append: Callable[[], None]) -> ObjectId | None:
+               before_append: Callable[[], None],
+               after_append: Callable[[], None] | None = None) -> ObjectId | None:
         """Compare-and-swap ref `name` (HEAD: its branch) to `new` through the journal,
         with the object store's sealed pack; return the old value. `before_append` makes
         everything outside the record durable first (the big tensors' files).
@@ -516,7 +517,8 @@ class Journal:
         lines and ref are then written by a background thread, which holds the journal
         until they are (other processes wait for it; this one's reads of refs and packs
         do, by `wait`). No ref lock file is taken: every ref change outside the journal
-        holds the journal throughout (`exclusive`)."""
+        holds the journal throughout (`exclusive`). `after_append` runs once the record
+        is durable, before that thread starts (the commit lets go of the gc lock there)."""
         refs = self.refs
         handle = self._handle()
         nested = handle.owner == threading.get_ident()
@@ -571,6 +573,8 @@ class Journal:
                 self.objects.forget_landing()
                 raise
             done = Record(size, end, name, old, new, logs, file, chunks, external)
+            if after_append is not None:
+                after_append()
             if nested:
                 self._finish(handle, done, sealed, target)
             else:  # the rest off the caller's path; the journal is handed over with it

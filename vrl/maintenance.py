@@ -6,6 +6,8 @@ commit/manifest readers.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from vrl.durable import discard
 from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
+from vrl.gclock import GcLock
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, TensorEntry, is_object_id
 from vrl.refs import ANY, ReflogEntry, interrupted, short_ref
 
@@ -262,12 +265,38 @@ class Maintenance:
             except (OSError, VrlError):
                 continue
 
+    @functools.cached_property
+    def gc_lock(self: Repo) -> GcLock:
+        """Held shared by writers and exclusively by gc (vrl/gclock.py)."""
+        return GcLock(self.vrl_dir)
+
+    @contextlib.contextmanager
+    def writing(self: Repo) -> Iterator[None]:
+        """Hold the gc lock shared: from a writer's first look at the store until its ref
+        has moved. After a gc, what this object remembered as stored is looked at again."""
+        with self.gc_lock.shared() as collected:
+            if collected:
+                self.objects.forget_stored()
+            yield
+
     def gc(self: Repo, grace: float | None = None, dry_run: bool = False,
-           expire_reflog: bool = False) -> tuple[int, int]:
+           expire_reflog: bool = False, on_wait: Callable[[], None] | None = None
+           ) -> tuple[int, int]:
         """Delete unreachable objects older than `grace` seconds; return (count, bytes).
 
-        Stops, deleting nothing, when a reflog or ref it relies on is damaged.
+        Stops, deleting nothing, when a reflog or ref it relies on is damaged. Holds the
+        gc lock exclusively (a dry run takes none): commits in flight finish first, and
+        the ones that arrive wait for it, so no grace period, not even 0, can break a
+        commit; `on_wait()` is called once if it has to wait for them.
         """
+        if dry_run:
+            return self._collect(grace, dry_run, expire_reflog)
+        with self.gc_lock.exclusive(on_wait):
+            return self._collect(grace, dry_run, expire_reflog)
+
+    def _collect(self: Repo, grace: float | None, dry_run: bool, expire_reflog: bool
+                 ) -> tuple[int, int]:
+        """gc's mark and sweep."""
         grace = self.config.getfloat("gc", "grace") if grace is None else grace
         if self.journal is not None:  # what a crash left is finished and made durable
             self.journal.checkpoint()

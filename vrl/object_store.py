@@ -1003,6 +1003,13 @@ class FileObjectStore(ObjectStore):
         """Freshen an existing object's mtime; False if it does not exist."""
         return self._touch(oid, refresh=True)
 
+    def forget_stored(self) -> None:
+        """A gc ran (vrl/gclock.py): forget the packs freshened a moment ago (taken as
+        present without a look) and re-read the pack tables, so every later check of what
+        is stored looks at the disk."""
+        self._touched.clear()
+        self._refresh()
+
     def _touch(self, oid: ObjectId, refresh: bool) -> bool:
         """`touch`; without `refresh`, a pack that appeared within the last clock tick
         may be missed (a false False)."""

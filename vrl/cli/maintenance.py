@@ -26,8 +26,7 @@ def pending_note(repo: Repo, grace: float | None = None) -> tuple[int, float | N
         return size, latest, ""
     return size, latest, (
         f"{human_bytes(size)} more become freeable {_when(latest)}, when the gc grace period "
-        "has passed; `vrl gc --now` frees them at once (only while no other vrl process is "
-        "committing)")
+        "has passed; `vrl gc --now` frees them at once")
 
 
 @click.command()
@@ -44,13 +43,11 @@ def gc(repo: Repo, grace: float | None, now: bool, dry_run: bool, expire_reflog:
     """Delete objects no ref, HEAD or reflog entry can reach."""
     if now:
         grace = 0.0
-    count, freed = repo.gc(grace=grace, dry_run=dry_run, expire_reflog=expire_reflog)
-    if grace is not None and grace < 60 and not dry_run:
-        # the grace period is what protects a commit in flight: its new objects are written
-        # (unreachable) before its ref moves
-        click.echo("warning: a grace period under a minute can delete the objects of a "
-                   "commit another vrl process was making at the same time, breaking it; use "
-                   "it only when no other vrl process is running", err=True)
+    # commits in flight hold the gc lock: gc waits for them (and new ones for gc), so no
+    # grace period can break a commit (vrl/gclock.py)
+    count, freed = repo.gc(grace=grace, dry_run=dry_run, expire_reflog=expire_reflog,
+                           on_wait=lambda: click.echo("vrl gc: waiting for commits in "
+                                                      "progress to finish...", err=True))
     size, latest, note = pending_note(repo, grace)
     if as_json:
         echo_json({"objects": count, "bytes": freed, "dry_run": dry_run,

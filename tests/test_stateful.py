@@ -337,6 +337,30 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.repo.delete_tag(name) == m.tags[name]
         m.move(f"tag:{name}", None)
 
+    @rule(name=st.sampled_from(TAGS), a=st.integers(0, 2), b=st.integers(0, 3),
+          then_gc=st.booleans())
+    def tag_a_side_run(self, name, a, b, then_gc):
+        """A run on a branch of its own, its result tagged, the branch deleted: only the tag
+        and its reflog reach it; with `then_gc`, every reflog is expired too (gc must keep
+        what a tag alone reaches)."""
+        m = self.model
+        key = (a, b, 2, self.live_version)
+        state = expected_state(key)
+        state["live.weight"] = self.live
+        self.counter += 1
+        cid = self.repo.commit(state, env=False, message=f"side {self.counter}",
+                               ref="refs/heads/side",
+                               time=f"2026-01-01T00:00:00.{self.counter:06d}Z")
+        m.commits[cid] = (None, key)
+        m.stored |= contents(key)
+        m.move("branch:side", cid)
+        assert self.repo.tag(name, "side", force=True) == cid
+        m.move(f"tag:{name}", cid)
+        assert self.repo.delete_branch("side") == cid
+        m.move("branch:side", None)
+        if then_gc:
+            self.gc(expire_reflog=True, other=False)
+
     @rule(expire_reflog=st.booleans(), other=st.booleans())
     def gc(self, expire_reflog, other):
         """`other`: another process collects, so this one's pack index goes stale."""

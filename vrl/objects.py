@@ -182,7 +182,7 @@ def canonical_json(value: Any) -> bytes:
     return _CANONICAL.encode(value).encode("utf-8")
 
 
-def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
+def load_json(payload: bytes | str, what: str, limit: int = MAX_DEPTH) -> Any:
     try:
         data = json.loads(payload)
     except RecursionError:
@@ -191,8 +191,12 @@ def load_json(payload: bytes, what: str, limit: int = MAX_DEPTH) -> Any:
         raise CorruptObjectError(f"{what} is not valid JSON") from exc
     # (no walk where the text has too few brackets to nest deeper than `limit`: every
     # level opens one, so their count bounds the depth; most commits hold a few dozen)
-    if (not isinstance(payload, bytes) or
-            payload.count(b"[") + payload.count(b"{") > limit) and json_depth(data) > limit:
+    if isinstance(payload, str):  # (decoded by a caller that spares a copy of the bytes)
+        brackets = payload.count("[") + payload.count("{")
+    else:
+        brackets = payload.count(b"[") + payload.count(b"{") if isinstance(payload, bytes) \
+            else limit + 1
+    if brackets > limit and json_depth(data) > limit:
         raise CorruptObjectError(f"{what} nests deeper than {limit} levels")
     return data
 
@@ -387,7 +391,7 @@ class Manifest:
         return text
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> Manifest:
+    def from_bytes(cls, payload: bytes | str) -> Manifest:
         data = load_json(payload, "manifest", MAX_TREE_DEPTH)
         try:
             tensors = {k: TensorEntry.from_json(v) for k, v in data["tensors"].items()}
@@ -474,7 +478,7 @@ class Commit:
                 f'"time":{_json_str(self.time)}}}').encode()
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> Commit:
+    def from_bytes(cls, payload: bytes | str) -> Commit:
         data = load_json(payload, "commit")
         if not isinstance(data, dict):
             raise CorruptObjectError("commit is not a JSON object")

@@ -23,7 +23,7 @@ from typing import Any
 import blake3
 
 from vrl.errors import CorruptObjectError, VrlError
-from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, parse_header
+from vrl.objects import HEADER_SIZE, Commit, ObjectId, parse_header
 from vrl.refs import short_ref
 from vrl.remote.base import KeyMissing, RemoteStore, object_key, redact
 from vrl.remote.packs import PackReader, RemotePacks, cache_dir
@@ -36,6 +36,7 @@ from vrl.remote.transfer import (
     Progress,
     _chunks,
     _pool_map,
+    parse_remote,
     verified_raw,
     verify_file,
 )
@@ -200,13 +201,14 @@ class _Checker:
                                                   self.jobs), strict=True):
             if why:
                 report.problems.append(_problem_of(oid, kind, why))
-            parsed = self._parse(oid, raw, kind)
-            if parsed is None and raw is not None:  # hashes right, yet not a `kind`
-                report.problems.append(RemoteProblem(oid, kind, "damaged", f"not a valid "
-                                                     f"{kind}, though its hash is right"))
+            parsed, bad = self._parse(oid, raw, kind)
+            if bad:  # hashes right, yet no valid `kind`
+                report.problems.append(RemoteProblem(oid, kind, "damaged", f"its hash is "
+                                                     f"right but it is not a valid {kind}: "
+                                                     f"{bad}"[:200]))
             if parsed is None and self.repo.objects.has(oid):
                 with contextlib.suppress(VrlError):
-                    parsed = self._parse(oid, verified_raw(self.repo, oid, kind, ""), kind)
+                    parsed, _ = self._parse(oid, verified_raw(self.repo, oid, kind, ""), kind)
             if parsed is None:
                 report.unchecked.append(f"what {kind} {oid[:12]} ({named.get(oid, kind)}) "
                                         "leads to: no good copy here either")
@@ -214,18 +216,18 @@ class _Checker:
                 out.append((oid, parsed))
         return out
 
-    @staticmethod
-    def _parse(oid: ObjectId, raw: bytes | None, kind: str) -> Any:
+    def _parse(self, oid: ObjectId, raw: bytes | None, kind: str) -> tuple[Any, str]:
+        """(the parsed commit or manifest, "") or (None, why it is none: "" for no bytes),
+        within the memory a fetch allows (`parse_remote`)."""
         if raw is None:
-            return None
+            return None, ""
         try:
-            if parse_header(raw)[0] != kind:
-                return None
-            payload = raw[HEADER_SIZE:]
-            return Commit.from_bytes(payload) if kind == "commit" else \
-                Manifest.from_bytes(payload)
-        except VrlError:
-            return None
+            got = parse_header(raw)[0]
+            if got != kind:
+                return None, f"it is a {got}"
+            return parse_remote(oid, raw, kind, self.where), ""
+        except VrlError as exc:
+            return None, str(exc)
 
 
 def _problem(oid: ObjectId, raw: bytes) -> str:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import blake3
 
@@ -483,18 +483,23 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
 
     # Every object is hashed before it is sent (blake3: GB/s): damage here must not reach
     # the remote, where every clone would fail on it.
+    def checked(oid: ObjectId) -> bytes:
+        raw = verified_raw(repo, oid, kinds[oid], where)
+        if kinds[oid] != "tensor":
+            _check_fetchable(oid, raw, kinds[oid])
+        return raw
+
     def send(oid: ObjectId) -> None:
-        path = repo.objects.loose_path(oid)  # big tensors: streamed from their file
-        if path is not None:
+        path = repo.objects.loose_path(oid) if kinds[oid] == "tensor" else None
+        if path is not None:  # big tensors: streamed from their file
             verify_file(oid, path, kinds[oid], where)
             store.put_file(object_key(oid), path)
         else:  # packed here: its bytes, read by id
-            store.put(object_key(oid), verified_raw(repo, oid, kinds[oid], where))
+            store.put(object_key(oid), checked(oid))
         progress.advance(sizes[oid])
 
     def send_pack(ids: list[ObjectId]) -> None:
-        name, data_, entries = pack.build_bytes((o, verified_raw(repo, o, kinds[o], where))
-                                                for o in ids)
+        name, data_, entries = pack.build_bytes((o, checked(o)) for o in ids)
         if pack_key(name) not in packs.sizes:  # else a rerun: that very pack is there
             store.put(pack_key(name), data_)
         packs.add(name, data_, entries)
@@ -516,6 +521,19 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
             result.bytes += sizes[o]
     finally:
         progress.end()
+
+
+def _check_fetchable(oid: ObjectId, raw: bytes, kind: str) -> None:
+    """Refuse to push a commit or manifest no fetch would accept (over the caps fetch
+    puts on a remote's metadata): the push would succeed and every clone fail."""
+    limit = MAX_COMMIT_BYTES if kind == "commit" else MAX_MANIFEST_BYTES
+    cost = parse_cost(raw)
+    if len(raw) - HEADER_SIZE > limit or cost > MAX_PARSE_BYTES:
+        raise VrlError(
+            f"{kind} {oid[:12]} is too big to push: {(len(raw) - HEADER_SIZE) >> 20} MiB, "
+            f"up to {cost >> 20} MiB to read, and a fetch reads a {kind} of at most "
+            f"{limit >> 20} MiB taking at most {MAX_PARSE_BYTES >> 20} MiB (so that a "
+            "hostile remote cannot exhaust memory); no ref moved")
 
 
 def _split(ids: list[ObjectId], sizes: dict[ObjectId, int]) -> list[list[ObjectId]]:
@@ -563,8 +581,64 @@ def _topo_order(commits: Iterable[ObjectId],
 # ------------------------------------------------------------------------------ fetch
 
 
-MAX_COMMIT_BYTES = 16 << 20  # caps on metadata read from a remote (a real commit is KBs,
-MAX_MANIFEST_BYTES = 256 << 20  # a manifest ~200 bytes per tensor)
+# Caps on metadata read from a remote: what a hostile remote can make a fetch hold is what
+# these allow, so they are set from what real objects need, not "big enough".
+MAX_COMMIT_BYTES = 16 << 20  # a real commit is KBs (layer statistics: ~100 bytes a layer)
+MAX_MANIFEST_BYTES = 32 << 20
+"""A manifest holds ~300 bytes per tensor (its entry and its place in the tree). The
+largest open checkpoints by tensor count are MoE models: DeepSeek-V3's (61 layers, 256
+experts, FP8 weights each with a scale tensor) is 90,427 tensors, a 26.1 MiB manifest; 32
+MiB holds ~110,000 such tensors (~100,000 within `MAX_PARSE_BYTES`). A fetch takes ~7
+times a manifest's size to read it (a Python object per JSON value), so the cap is what
+keeps a forged one to ~256 MB (under the old 256 MiB cap, one cost 2.3 GB);
+`MAX_PARSE_BYTES` bounds the shapes of JSON that cost more per byte."""
+MAX_PARSE_BYTES = 240 << 20
+"""What reading one commit or manifest from a remote may take - its bytes as downloaded,
+and parsing them - as `parse_cost` bounds it from the text before anything is parsed: a
+forged one costs at most this (~250 MB). Real manifests take ~6 bytes per byte of text
+(DeepSeek-V3's: 154 MiB; 213 MiB by that bound, so ~100,000 such tensors pass); forged
+ones of tiny values (`[{"a":0},...]`, `[[[[0]]]]`, astral characters that widen every
+string) up to 36, and are refused unless small."""
+
+
+PARSE_OVERHEAD = 64 << 10  # what parsing even an empty manifest takes (objects, buffers)
+
+
+def parse_cost(raw: bytes) -> int:
+    """An upper bound of the memory that reading the object `raw` (header + payload)
+    takes, from its text: `raw` itself, a fixed overhead, the decoded text and its
+    strings (1 byte a character where the text is ASCII without \\u escapes, else up to 4;
+    with escapes, the pieces a string is built from too), plus per token what the
+    costliest JSON made of it builds, as traced (a dict of 1-5 keys, or a manifest entry's
+    checked TensorEntry, per "{"; a list of up to 4 items per "["; a number and its slot
+    per ","; a string's header per quote; each also a slot in the depth check's walk). A
+    real manifest comes out ~1.4 times what it takes, forged ones 1-4 times."""
+    n = len(raw) - HEADER_SIZE
+    ascii_ = raw.isascii()
+    text = n if ascii_ else 4 * n
+    strings = n if ascii_ and raw.find(b"\\u", HEADER_SIZE) < 0 else 4 * n
+    if raw.find(b"\\", HEADER_SIZE) >= 0:  # a string with escapes is built from pieces
+        strings += text
+    return len(raw) + PARSE_OVERHEAD + text + strings + \
+        208 * raw.count(b"{", HEADER_SIZE) + 112 * raw.count(b"[", HEADER_SIZE) + \
+        64 * raw.count(b",", HEADER_SIZE) + 24 * raw.count(b'"', HEADER_SIZE)
+
+
+def parse_remote(oid: ObjectId, raw: bytes, kind: str, where: str) -> Commit | Manifest:
+    """A commit or manifest downloaded (and hash-verified) from `where`, parsed within
+    `MAX_PARSE_BYTES`: one whose text would take more is refused before it is parsed
+    (CorruptObjectError). The payload is decoded straight from `raw` (no copy first)."""
+    cost = parse_cost(raw)
+    if cost > MAX_PARSE_BYTES:
+        raise CorruptObjectError(
+            f"reading it would take up to {cost >> 20} MiB of memory, over the "
+            f"{MAX_PARSE_BYTES >> 20} MiB a {kind} may take (too many tiny values for its "
+            "size)")
+    try:
+        text = str(memoryview(raw)[HEADER_SIZE:], "utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise CorruptObjectError(f"{kind} is not valid JSON") from None
+    return Commit.from_bytes(text) if kind == "commit" else Manifest.from_bytes(text)
 
 
 def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bool = False,
@@ -587,16 +661,15 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     reader = _reader(repo, store, jobs)  # lists the packs at the first object it needs
     commits, new_commits = _walk_history(repo, reader, remote_refs, jobs)
     manifests, new_manifests = _complete_manifests(repo, reader, commits, jobs)
-    _check_tensor_kinds(repo, manifests, set(commits) | set(manifests))
     if not lazy:
         pruned = repo.pruned()
         wanted: dict[ObjectId, int] = {}
         for oid, commit in commits.items():
             if oid in pruned:
                 continue
-            for entry in manifests[commit.manifest].data_entries().values():
-                if entry.id not in wanted and not repo.objects.has(entry.id):
-                    wanted[entry.id] = entry.nbytes
+            for tid, nbytes in manifests[commit.manifest].items():
+                if tid not in wanted and not repo.objects.has(tid):
+                    wanted[tid] = nbytes
         fetch_objects(repo, store, list(wanted), jobs=jobs, progress=progress,
                       sizes={o: n + HEADER_SIZE for o, n in wanted.items()}, result=result,
                       expect={o: ("tensor", n) for o, n in wanted.items()}, reader=reader)
@@ -625,14 +698,22 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     return result
 
 
+class Links(NamedTuple):
+    """What a fetch keeps of a commit: its parents and manifest (the rest of a parsed
+    commit - hyperparameters, metrics, layer statistics - is dropped at once)."""
+
+    parents: tuple[ObjectId, ...]
+    manifest: ObjectId
+
+
 def _walk_history(repo: Repo, reader: PackReader, remote_refs: dict[str, ObjectId],
-                  jobs: int) -> tuple[dict[ObjectId, Commit], dict[ObjectId, bytes]]:
+                  jobs: int) -> tuple[dict[ObjectId, Links], dict[ObjectId, bytes]]:
     """Every commit behind the remote's refs, parsed, wave by wave: local ones read here
     (their parents are checked too, never assumed), missing ones downloaded and verified
     (a small pack holding one is read whole, so its other commits cost nothing more).
-    Returns (all commits, raw bytes of the downloaded ones)."""
+    Returns (the links of all commits, raw bytes of the downloaded ones)."""
     where = redact(reader.store.url)
-    commits: dict[ObjectId, Commit] = {}
+    commits: dict[ObjectId, Links] = {}
     new: dict[ObjectId, bytes] = {}
     named_by = {oid: f"remote ref {short_ref(ref)}" for ref, oid in remote_refs.items()}
     wave = list(dict.fromkeys(remote_refs.values()))
@@ -642,22 +723,21 @@ def _walk_history(repo: Repo, reader: PackReader, remote_refs: dict[str, ObjectI
             lambda c: _download(reader, c, limit=MAX_COMMIT_BYTES, what="commit"), missing,
             jobs), strict=True))
         for oid in wave:
-            if oid in raws:
-                kind, _ = parse_header(raws[oid])
-                payload = raws[oid][HEADER_SIZE:]
-            else:
-                kind, payload = repo.objects.read(oid)
+            raw = raws.pop(oid, None)
+            kind = parse_header(raw)[0] if raw is not None else repo.objects.kind_and_size(oid)[0]
             if kind != "commit":
                 raise CorruptObjectError(f"{named_by.get(oid, 'object')} {oid[:12]} on {where} "
                                          f"is a {kind}, not a commit; refusing it (nothing "
                                          "was changed)")
             try:
-                commits[oid] = Commit.from_bytes(payload)
+                commit = parse_remote(oid, raw, "commit", where) if raw is not None \
+                    else repo.read_commit(oid)
             except CorruptObjectError as exc:
-                raise CorruptObjectError(f"commit {oid[:12]} " + (f"from {where}" if oid in
-                                         raws else "here") + f" is damaged: {exc}") from None
-            if oid in raws:
-                new[oid] = raws[oid]
+                raise CorruptObjectError(f"commit {oid[:12]} " + (f"from {where}" if raw is not
+                                         None else "here") + f" is damaged: {exc}") from None
+            commits[oid] = Links(commit.parents, commit.manifest)
+            if raw is not None:
+                new[oid] = raw
         nxt: dict[ObjectId, None] = {}
         for oid in wave:
             for parent in commits[oid].parents:
@@ -668,33 +748,35 @@ def _walk_history(repo: Repo, reader: PackReader, remote_refs: dict[str, ObjectI
     return commits, new
 
 
-def _check_tensor_kinds(repo: Repo, manifests: dict[ObjectId, Manifest],
-                        metadata: set[ObjectId]) -> None:
-    """Every tensor a manifest names that is already here (or arriving as metadata) must
-    be a tensor of the size the manifest says: a forged manifest may name a commit."""
-    checked: set[ObjectId] = set()
-    for mid, manifest in manifests.items():
-        for entry in manifest.data_entries().values():
-            if entry.id in checked:
-                continue
-            checked.add(entry.id)
-            if entry.id in metadata:
-                kind, size = "commit or manifest", None
-            elif repo.objects.has(entry.id):
-                kind, size = repo.objects.kind_and_size(entry.id)
-            else:
-                continue
-            if kind != "tensor" or size != entry.nbytes:
-                raise CorruptObjectError(
-                    f"manifest {mid[:12]} names {entry.id[:12]} as a {entry.nbytes}-byte "
-                    f"tensor, but it is a {kind}" + (f" of {size} bytes" if size is not None
-                                                     else "") + "; refusing it")
+def _check_tensor_kinds(repo: Repo, mid: ObjectId, entries: dict[ObjectId, int],
+                        metadata: set[ObjectId], checked: set[ObjectId]) -> None:
+    """Every tensor manifest `mid` names (id -> size) that is already here (or arriving as
+    metadata) must be a tensor of the size the manifest says: a forged manifest may name a
+    commit. `checked`: the ids seen in earlier manifests."""
+    for tid, nbytes in entries.items():
+        if tid in checked:
+            continue
+        checked.add(tid)
+        if tid in metadata:
+            kind, size = "commit or manifest", None
+        elif repo.objects.has(tid):
+            kind, size = repo.objects.kind_and_size(tid)
+        else:
+            continue
+        if kind != "tensor" or size != nbytes:
+            raise CorruptObjectError(
+                f"manifest {mid[:12]} names {tid[:12]} as a {nbytes}-byte tensor, but it "
+                f"is a {kind}" + (f" of {size} bytes" if size is not None else "") +
+                "; refusing it")
 
 
-def _complete_manifests(repo: Repo, reader: PackReader, commits: dict[ObjectId, Commit],
-                        jobs: int) -> tuple[dict[ObjectId, Manifest], dict[ObjectId, bytes]]:
-    """The manifest of every commit: local ones read, missing ones downloaded, each parsed
-    (which checks every tensor entry's shape, dtype and size agree)."""
+def _complete_manifests(repo: Repo, reader: PackReader, commits: dict[ObjectId, Links],
+                        jobs: int) -> tuple[dict[ObjectId, dict[ObjectId, int]],
+                                            dict[ObjectId, bytes]]:
+    """The data objects each commit's manifest names (id -> payload size): local manifests
+    read, missing ones downloaded; each parsed (which checks every tensor entry's shape,
+    dtype and size agree) and checked against what is here, one at a time, keeping only
+    those ids (a parsed manifest takes ~7 times its text; never more than one is held)."""
     where = redact(reader.store.url)
     wanted = list(dict.fromkeys(c.manifest for c in commits.values()))
     missing = [m for m in wanted if not repo.objects.has(m)]
@@ -702,15 +784,20 @@ def _complete_manifests(repo: Repo, reader: PackReader, commits: dict[ObjectId, 
     raws = dict(zip(missing, _pool_map(
         lambda m: _download(reader, m, "manifest", limit=MAX_MANIFEST_BYTES, what="manifest"),
         missing, jobs), strict=True))
-    manifests: dict[ObjectId, Manifest] = {}
+    metadata = set(commits) | set(wanted)
+    checked: set[ObjectId] = set()
+    entries: dict[ObjectId, dict[ObjectId, int]] = {}
     for m in wanted:
         try:
-            manifests[m] = Manifest.from_bytes(raws[m][HEADER_SIZE:]) if m in raws \
+            manifest = parse_remote(m, raws[m], "manifest", where) if m in raws \
                 else repo.read_manifest(m)
         except VrlError as exc:
             raise CorruptObjectError(f"manifest {m[:12]} " + (f"from {where}" if m in raws
                                      else "here") + f" is damaged: {exc}") from None
-    return manifests, raws
+        entries[m] = {e.id: e.nbytes for e in manifest.data_entries().values()}
+        del manifest
+        _check_tensor_kinds(repo, m, entries[m], metadata, checked)
+    return entries, raws
 
 
 FETCH_BATCH = 64 << 20  # packed bytes read ahead (and held) at a time

@@ -382,3 +382,24 @@ def test_a_tensor_fetched_on_demand_of_another_size_is_not_written(tmp_path):
         lazy.load("evil")
     assert not lazy.objects.has(big)
     assert lazy.fsck()["ok"]
+
+
+def test_a_fetch_stops_at_the_first_tensor_the_remote_lacks(tmp_path):
+    """A manifest naming 20,000 tensors the remote does not have: the fetch asks for a
+    few (one per worker in flight), not for every one (it did, after queueing them all)."""
+    remote = _forge(tmp_path, _entries(20_000))
+    repo = Repo.init(tmp_path / "dst")
+    add_remote(repo, "origin", str(remote))
+    store = open_named(repo, "origin")
+    asked: list[str] = []
+    real = store.get
+
+    def get(key: str) -> bytes:
+        asked.append(key)
+        return real(key)
+
+    store.get = get
+    with pytest.raises(VrlError, match="is missing on"):
+        fetch(repo, store, "origin", jobs=8)
+    tensors = [k for k in asked if k.startswith("objects/") and "/pack/" not in k]
+    assert 1 <= len(tensors) <= 16, len(tensors)

@@ -370,3 +370,41 @@ def test_a_process_forgets_what_it_stored_once_a_gc_ran(tmp_path):
     assert set(other.objects.ids()) == other.reachable()  # both commits' objects are gone
     cid = trainer.commit(second, env=False, message="3")
     check_repository(path, {cid: second, base: base_state})
+
+
+# ------------------------------------------------------------------ a fetch is a writer too
+
+
+def test_gc_now_during_a_fetch_keeps_what_the_fetch_found_stored(tmp_path):
+    """A fetch skips the objects it finds stored (here the pool's old unreachable ones),
+    writes the rest, then moves its tracking ref: `gc --now` started before that move waits
+    for it (without the lock it deleted both, and origin/main named a broken snapshot)."""
+    from vrl.remote import add_remote, fetch, open_named, push
+
+    path = tmp_path / "repo"
+    base, base_state = setup_repo(path)
+    upstream = Repo.init(tmp_path / "upstream")
+    want = state(5, 1)  # (its 'pool' tensor is pool(0): stored here, unreachable)
+    theirs = upstream.commit(want, env=False, message="upstream")
+    add_remote(upstream, "origin", str(tmp_path / "remote"), create=True)
+    push(upstream, open_named(upstream, "origin"), "origin", ["main"])
+
+    repo = Repo(path)
+    add_remote(repo, "origin", str(tmp_path / "remote"))
+    started = []
+    real_update = repo.refs.update
+
+    def update(name, *args, **kwargs):
+        if name.startswith("refs/remotes/") and not started:
+            thread, ready, result = gc_on_a_thread(Repo(path), grace=0)
+            assert ready.wait(TIMEOUT)
+            started.append((thread, result))
+        return real_update(name, *args, **kwargs)
+
+    repo.refs.update = update
+    fetch(repo, open_named(repo, "origin"), "origin")
+    [(thread, result)] = started
+    thread.join(TIMEOUT)
+    assert Repo(path).resolve("origin/main") == theirs
+    check_repository(path, {theirs: want, base: base_state})
+    assert not isinstance(result[0], BaseException), result[0]

@@ -7,8 +7,8 @@ simply its own new objects - and a gc with a grace period shorter than the commi
 --now`) would delete it and leave the ref naming it: the tip unreadable, and every later
 commit on the branch failing. So:
 
-- a writer (commit, branch, tag, reset, checkout) holds this lock *shared* from its first
-  look at the store until its ref has moved (for a journaled commit: its record appended);
+- a writer (commit, branch, tag, reset, checkout, fetch) holds this lock *shared* from its
+  first look at the store until its ref has moved (a journaled commit: its record appended);
 - `gc` holds it *exclusively* for its mark and sweep. A writer that arrives meanwhile waits
   for the gc, and the gc for the writers in flight; neither fails for the other (each waits
   up to WAIT seconds: a stopped process is not waited for forever);

@@ -24,6 +24,7 @@ import blake3
 
 from vrl import pack
 from vrl.errors import CorruptObjectError, RefConflictError, VrlError
+from vrl.gclock import writes
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, parse_header
 from vrl.refs import short_ref
 from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, pack_key, redact
@@ -641,6 +642,7 @@ def parse_remote(oid: ObjectId, raw: bytes, kind: str, where: str) -> Commit | M
     return Commit.from_bytes(text) if kind == "commit" else Manifest.from_bytes(text)
 
 
+@writes  # (a gc waits for it: what it found stored stays until its refs moved)
 def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bool = False,
           jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
           tags: bool = True) -> TransferResult:

@@ -1,5 +1,6 @@
 """Shared test helpers: bit-exact comparison of nested checkpoints."""
 
+import time
 from typing import Any
 
 import numpy as np
@@ -78,3 +79,27 @@ def before_ref_moves(repo: Any, action: Any) -> None:
         return real(*args, **kwargs)
 
     setattr(target, name, wrapped)
+
+
+def start_process(ctx: Any, target: Any, *args: Any) -> tuple[Any, Any]:
+    """Start `target(*args, conn)` in a process of `ctx`; (process, the reading end)."""
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
+    proc.start()
+    child.close()
+    return proc, parent
+
+
+def process_results(proc: Any, conn: Any, timeout: float) -> list:
+    """Everything a process of `start_process` sent, once it has exited cleanly."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while True:
+        assert conn.poll(max(0.0, deadline - time.monotonic())), "process hung"
+        try:
+            out.append(conn.recv())
+        except EOFError:
+            break
+    proc.join(timeout)
+    assert proc.exitcode == 0, f"{proc.name} exited with {proc.exitcode}"
+    return out

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import before_ref_moves
+from helpers import before_ref_moves, process_results, start_process
 
 from vrl import Repo
 from vrl.errors import RefConflictError
@@ -122,25 +122,11 @@ def collector(path: str, barrier, stop, conn) -> None:
 
 
 def _start(ctx, target, *args):
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
-    proc.start()
-    child.close()
-    return proc, parent
+    return start_process(ctx, target, *args)
 
 
 def _result(proc, conn) -> list:
-    out = []
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        assert conn.poll(max(0.0, deadline - time.monotonic())), "process hung"
-        try:
-            out.append(conn.recv())
-        except EOFError:
-            break
-    proc.join(TIMEOUT)
-    assert proc.exitcode == 0, f"{proc.name} exited with {proc.exitcode}"
-    return out
+    return process_results(proc, conn, TIMEOUT)
 
 
 @pytest.mark.parametrize("with_gc", [False, True], ids=["commits", "commits+gc"])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import before_ref_moves
+from helpers import before_ref_moves, process_results, start_process
 
 from vrl import Repo
 from vrl.object_store import PACK_MAX
@@ -118,25 +118,11 @@ def collector(path: str, barrier, stop, conn) -> None:
 
 
 def _start(ctx, target, *args):
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
-    proc.start()
-    child.close()
-    return proc, parent
+    return start_process(ctx, target, *args)
 
 
 def _results(proc, conn) -> list:
-    out = []
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        assert conn.poll(max(0.0, deadline - time.monotonic())), "process hung"
-        try:
-            out.append(conn.recv())
-        except EOFError:
-            break
-    proc.join(TIMEOUT)
-    assert proc.exitcode == 0
-    return out
+    return process_results(proc, conn, TIMEOUT)
 
 
 def race(ctx, path: Path, writers: int, commits: int) -> None:

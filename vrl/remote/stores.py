@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from vrl.durable import fsync, fsync_dir, make_dirs
 from vrl.errors import RefConflictError, VrlError
+from vrl.journal import Journal
 from vrl.object_store import FileObjectStore
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import RefStore
@@ -72,6 +73,22 @@ class LocalRemote(RemoteStore):
         self.fsync = fsync
         self._locks = RefStore(self.root, fsync=fsync)
         self._packs: FileObjectStore | None = None
+        self._journal = self._repository_journal()
+
+    def _repository_journal(self) -> Journal | None:
+        """A repository's commit journal, honoured as the repository itself does: its
+        last commits may be recorded there and not yet materialised (their refs and packs
+        written out in the background, or left by a killed process for the next reader to
+        replay), and a ref moved outside the journal must hold it (vrl/journal.py)."""
+        if not (self.root / "journal").is_file():
+            return None
+        self._packs = FileObjectStore(self.root / "objects", fsync=self.fsync)
+        journal = Journal(self.root, self._packs, self._locks)
+        if not journal.usable:
+            return None
+        self._locks.guard = journal.exclusive
+        self._locks.barrier = self._packs.barrier = journal.wait
+        return journal
 
     def _packed(self, key: str) -> FileObjectStore | None:
         """The object store of a local repository, when `key` names an object that it
@@ -184,6 +201,8 @@ class LocalRemote(RemoteStore):
         return self._p(key).is_file() or self._packed(key) is not None
 
     def list(self, prefix: str) -> list[str]:
+        if self._journal is not None and prefix.startswith("refs"):
+            self._journal.wait()
         base = self._p(prefix)
         if not base.is_dir():
             return []
@@ -199,6 +218,8 @@ class LocalRemote(RemoteStore):
             self._p(key).unlink(missing_ok=True)
 
     def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
+        if self._journal is not None and key.startswith("refs/"):
+            self._journal.wait()
         try:
             data = self.get(key)
         except KeyMissing:

@@ -1,6 +1,6 @@
 """A repository object's commits take its own last commit as the parent without reading
-the ref, while nothing else was seen to move it (vrl.repo.Repo.commit). The journal's
-compare-and-swap still decides: whatever moved the ref meanwhile (another repository
+the ref, while nothing else was seen to move it (vrl.commit_engine.CommitEngine.commit).
+The journal's compare-and-swap still decides: whatever moved the ref meanwhile (another repository
 object, another process, a reset, a checkout), no commit is lost, every commit's parent
 and statistics are the ref's value at its swap, and a stale guess leaves nothing behind."""
 

@@ -8,7 +8,7 @@ import torch
 from helpers import assert_same, before_ref_moves, small_policy
 
 import vrl.repo as repo_module
-from vrl import Repo
+from vrl import Repo, commit_engine
 from vrl.errors import (
     InvalidRefNameError,
     NotARepositoryError,
@@ -268,14 +268,14 @@ def test_unchanged_tensors_are_not_rehashed(repo, monkeypatch):
     model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
     repo.commit(model, env=False)
     hashed: list[int] = []
-    real = repo_module.hash_object
+    real = commit_engine.hash_object
 
     def counting(kind, payload, threads=False):
         if kind == "tensor":
             hashed.append(memoryview(payload).nbytes)
         return real(kind, payload, threads)
 
-    monkeypatch.setattr(repo_module, "hash_object", counting)
+    monkeypatch.setattr(commit_engine, "hash_object", counting)
     with torch.no_grad():
         model[1].weight.mul_(1.5)
     repo.commit(model, env=False)
@@ -295,8 +295,8 @@ def test_rehash_option_is_a_no_op(repo, monkeypatch):
     model = small_policy()
     repo.commit(model)
     seen = []
-    real = repo_module.hash_object
-    monkeypatch.setattr(repo_module, "hash_object",
+    real = commit_engine.hash_object
+    monkeypatch.setattr(commit_engine, "hash_object",
                         lambda k, p, threads=False: seen.append(k) or real(k, p, threads))
     repo.commit(model, rehash=True, allow_empty=True)
     assert seen.count("tensor") == 0
@@ -484,16 +484,16 @@ def test_payloads_kept_for_the_next_statistics_stay_within_their_budget(tmp_path
     """Small payloads a commit stored are kept for the next commit's statistics, at most
     RECENT_BYTES in all and half of that per commit; what is not kept is read back from
     the store, with the same statistics."""
-    monkeypatch.setattr(repo_module, "RECENT_BYTES", 4096)
-    monkeypatch.setattr(repo_module, "RECENT_COMMIT_BYTES", 2048)
+    monkeypatch.setattr(commit_engine, "RECENT_BYTES", 4096)
+    monkeypatch.setattr(commit_engine, "RECENT_COMMIT_BYTES", 2048)
     repo = Repo.init(tmp_path)
     state = {f"l{i}.w": torch.full((256,), float(i + 1)) for i in range(4)}  # 1 KiB each
     repo.commit(state, env=False)
-    assert repo._recent_bytes <= 2048
+    assert repo.engine._recent_bytes <= 2048
     for t in state.values():
         t.mul_(2.0)
     cid = repo.commit(state, env=False)
-    assert repo._recent_bytes <= 4096
+    assert repo.engine._recent_bytes <= 4096
     for i in range(4):
         layer = repo.read_commit(cid).stats["layers"][f"l{i}"]
         assert layer["rel"] == pytest.approx(1.0) and layer["max_abs"] == i + 1

@@ -36,12 +36,6 @@ from typing import Any
 from vrl.errors import VrlError
 
 _HEADER = struct.Struct("!Q")
-# Layer statistics of tensors up to this size are computed with numpy, so a committer for a
-# small policy never imports torch (seconds of CPU at start, taken from the trainer on a
-# small machine); bigger ones, and dtypes numpy lacks (bfloat16, complex), use torch.
-NUMPY_STATS_MAX = 1 << 22
-_NUMPY_DTYPES = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8",
-                 "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
 NICENESS = 5  # the committer process's CPU priority below the trainer's
 # bytes of the last snapshot's big tensors the committer keeps a copy of, for the next
 # snapshot's statistics (which compare each changed tensor with its parent): read back
@@ -136,7 +130,7 @@ class CommitWorker:
 
     def run(self, job: dict[str, Any], buf: memoryview | None) -> str | None:
         """Commit one job; its id, or None when skipped after an earlier failure."""
-        from vrl.repo import FlatState
+        from vrl.commit_engine import FlatState
         from vrl.safetensors_file import RawTensor
 
         self.digests = {}
@@ -158,15 +152,13 @@ class CommitWorker:
                 data = buf[start:start + size] if size else memoryview(b"")
                 tensors[name] = RawTensor(spec["dtype"], tuple(spec["shape"]), data)
         repo = self.repo
-        repo.lent = {oid: memoryview(payload) for oid, payload in self._kept.values()}
-        try:
+        with repo.engine.lending({oid: memoryview(payload)
+                                  for oid, payload in self._kept.values()}):
             cid = repo.commit(FlatState(tensors, job["tree"], job["ties"]),
                               message=job["message"], hparams=job["hparams"],
                               metrics=job["metrics"], step=job["step"], env=self.env,
                               meta=job["meta"], allow_empty=True, ref=self.ref)
-        finally:
-            repo.lent = {}
-        self.digests = {n: d.hex() for n, d in repo.digests.items()
+        self.digests = {n: d.hex() for n, d in repo.engine.last_digests.items()
                         if isinstance(tensors.get(n), RawTensor)}
         manifest = repo.read_manifest(repo.read_commit(cid).manifest)
         self._prev = {n: e for n, e in manifest.tensors.items() if not e.tie}
@@ -228,31 +220,6 @@ class CommitWorker:
         self.best, self.best_at = float(value), cid
 
 
-def numpy_loader(repo: Any) -> Any:
-    """`repo.load_entry` for the layer statistics, giving numpy arrays where it can."""
-    import numpy as np
-
-    from vrl.errors import ObjectNotFoundError
-    from vrl.repo import MMAP_MIN
-
-    general = repo.load_entry
-
-    def load(entry: Any) -> Any:
-        name = entry.dtype[6:] if entry.dtype.startswith("numpy:") else \
-            _NUMPY_DTYPES.get(entry.dtype)
-        if name is None or entry.nbytes > NUMPY_STATS_MAX or np.dtype(name).kind == "c":
-            return general(entry)
-        payload = repo._recent.get(entry.id) if entry.nbytes < MMAP_MIN else None
-        if payload is None:
-            try:
-                _kind, payload = repo.objects.read(entry.id)
-            except ObjectNotFoundError:
-                return general(entry)  # fetches it, or says why it cannot
-        return np.frombuffer(payload, dtype=np.dtype(name)).reshape(entry.shape)
-
-    return load
-
-
 # ---------------------------------------------------------------------- the process
 class _Regions:
     """The committer's mappings of the training process's shared-memory regions, kept
@@ -289,11 +256,11 @@ def _serve(sock: socket.socket) -> int:
     config = hello[0]
     from vrl.repo import Repo
 
-    repo = Repo(config["repo"], fsync=config["fsync"], verify=config["verify"])
-    repo.load_entry = numpy_loader(repo)  # type: ignore[method-assign]
-    # big objects' bulk straight from the shared memory to the disk (the trainer lays out
-    # the region for it): no copy into the page cache, none of the trainer's pages evicted
-    repo.objects.direct = True
+    # direct: big objects' bulk straight from the shared memory to the disk (the trainer
+    # lays out the region for it): no copy into the page cache, none of the trainer's
+    # pages evicted
+    repo = Repo(config["repo"], fsync=config["fsync"], verify=config["verify"],
+                direct=True)
     env = config["env"]
     if config.get("env_process") is not None:  # the trainer left the capture to us
         from vrl import envinfo

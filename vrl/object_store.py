@@ -260,7 +260,7 @@ class FileObjectStore(ObjectStore):
     pack directory changes (another process committed, repacked or collected garbage)."""
 
     def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False,
-                 fresh_for: float = 1800.0) -> None:
+                 fresh_for: float = 1800.0, direct: bool = False) -> None:
         self.root = Path(root)
         self._root = os.fspath(self.root)
         self._pack_dir = f"{self._root}/pack"
@@ -272,7 +272,7 @@ class FileObjectStore(ObjectStore):
         # Write a big object's bulk with O_DIRECT where its payload sits at a
         # `direct_offset` in memory (the Snapshotter's committer lays out its shared memory
         # so). Off elsewhere: a commit's objects then stay in the page cache for a read.
-        self.direct = False
+        self.direct = direct
         self.direct_writes = 0  # objects written so (a count for tests and benchmarks)
         self._dirty_dirs: set[str] = set()
         self._batching = False

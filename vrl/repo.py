@@ -13,27 +13,24 @@ import math
 import mmap
 import os
 import re
-import time as _time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from vrl.commit_engine import MMAP_MIN, CommitEngine, FlatState
 from vrl.config import Config
 from vrl.diff import DiffResult, compare
 from vrl.durable import fsync, fsync_dir
 from vrl.errors import (
     CorruptObjectError,
-    MetadataError,
     NotARepositoryError,
     ObjectNotFoundError,
     PrunedError,
     RefConflictError,
     RevisionError,
     VrlError,
-    WorkspaceError,
     storage_error,
 )
 from vrl.gclock import create_lock_files, writes
@@ -43,31 +40,21 @@ from vrl.object_store import PACK_MAX, FileObjectStore
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
-    FileLayout,
     Manifest,
     ObjectId,
     TensorEntry,
-    _stats_json,
-    check_depth,
     damaged,
     hash_object,
     is_object_id,
     itemsize,
 )
-from vrl.refs import ANY, RefStore, check_ref_name, short_ref, utc_now
-from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
-from vrl.tensors import ViewMemo, flatten, tensor_bytes, tensor_from_buffer, to_state
-from vrl.workspace import WorkspaceMixin, canonical_header
+from vrl.refs import ANY, RefStore, check_ref_name, short_ref
+from vrl.safetensors_file import FileSlice, RawTensor
+from vrl.tensors import tensor_from_buffer
+from vrl.workspace import WorkspaceMixin
 
 VRL_DIR = ".vrl"
-MMAP_MIN = 1 << 16  # smaller tensors are read, bigger ones memory-mapped
-KNOWN_MAX = 1 << 16  # content pre-check entries kept for the next commit
 METADATA_CACHED = 1 << 10  # commits (and as many manifests) kept parsed in memory
-RECENT_MAX = 4096  # small payloads kept in memory for the next commit's statistics,
-RECENT_BYTES = 32 << 20  # at most this many bytes of them (objects below PACK_MAX),
-RECENT_COMMIT_BYTES = RECENT_BYTES // 2  # and half of that from one commit: the parent's
-# payloads must survive the child's, whose statistics read them
-COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attempts
 _REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
 _REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
 
@@ -88,27 +75,6 @@ class _Bounded(dict):
             # past the holes every earlier deletion left at the front of the dict
             for old in list(itertools.islice(self, len(self) - self.limit * 3 // 4)):
                 del self[old]
-
-
-def _capture_env(workdir: Path) -> dict[str, Any]:
-    from vrl import envinfo  # (its imports are not needed before a commit captures one)
-
-    return envinfo.capture(workdir)
-
-
-def _xxh3_128() -> Callable[[Any], bytes]:
-    """xxhash's xxh3-128 digest function (imported on first use: metadata commands skip it)."""
-    import xxhash
-
-    return xxhash.xxh3_128_digest
-
-
-class FlatState(NamedTuple):
-    """A checkpoint already split by `vrl.tensors.flatten`: {name: tensor, array, RawTensor
-    or stored TensorEntry}, the JSON skeleton and {name: tied-to}."""
-    tensors: dict[str, Any]
-    tree: Any
-    ties: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -158,7 +124,11 @@ class Repo(Maintenance, WorkspaceMixin):
     """A vrl repository (the `.vrl` directory and the workspace around it)."""
 
     def __init__(self, path: str | Path = ".", *, fsync: bool | None = None,
-                 verify: bool | None = None, journal: bool | None = None) -> None:
+                 verify: bool | None = None, journal: bool | None = None,
+                 direct: bool = False) -> None:
+        """Open the repository at `path` or above. `fsync`, `verify`, `journal`: override
+        core.fsync, core.verify, core.journal. `direct`: write big objects with O_DIRECT
+        where their payload is laid out for it (the Snapshotter's committer)."""
         self.vrl_dir = find_vrl_dir(path)
         self.workdir = self.vrl_dir.parent
         self.config = Config(self.vrl_dir / "config")
@@ -167,7 +137,8 @@ class Repo(Maintenance, WorkspaceMixin):
         self.author = default_author(self.config)
         self.objects = FileObjectStore(self.vrl_dir / "objects", fsync=fsync,
                                        verify_reads=verify,
-                                       fresh_for=self.config.getfloat("gc", "grace") / 2)
+                                       fresh_for=self.config.getfloat("gc", "grace") / 2,
+                                       direct=direct)
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
         # The commit journal (vrl/journal.py): durable commits in one fdatasync where a
         # reboot can be recognised. Any repository object honours one (it finishes what a
@@ -184,35 +155,7 @@ class Repo(Maintenance, WorkspaceMixin):
             self.journal.recover()
         self._commits: dict[ObjectId, Commit] = _Bounded(METADATA_CACHED)
         self._manifests: dict[ObjectId, Manifest] = _Bounded(METADATA_CACHED)
-        # Tensors stored by this process: (xxh3-128 of the bytes, size) -> object id. Lets
-        # an incremental commit skip the blake3 hash (and write) of unchanged tensors while
-        # still reading every byte, so no write can be missed.
-        self._known: OrderedDict[tuple[bytes, int], ObjectId] = OrderedDict()
-        self._recent: OrderedDict[ObjectId, bytes | memoryview] = OrderedDict()
-        self._recent_bytes = 0
-        # name -> xxh3-128 of the bytes of each tensor the last snapshot read (the
-        # Snapshotter's committer hands them back, so the next change check hashes the
-        # live tensor instead of byte-comparing it with a held copy)
-        self.digests: dict[str, bytes] = {}
-        # name -> (xxh3-128 of its bytes, the entry) of the last snapshot stored: a tensor
-        # with those bytes again gets that same entry object (no lookup by content), whose
-        # manifest text (vrl.objects) is then already written
-        self._stored: dict[str, tuple[bytes, TensorEntry]] = {}
-        # where the tensors of the last snapshot were (vrl.tensors.ViewMemo): the next one
-        # finds the same tensors' bytes with a few attribute reads each, and reads them all
-        self._views = ViewMemo()
-        # (ref, id) of this object's last commit, and whether the next commit on that ref
-        # may take it as its parent without reading the ref (see commit)
-        self._last: tuple[str, ObjectId] | None = None
-        self._trusted = False
-        # id -> the bytes a commit in progress just hashed: its layer statistics read the
-        # new tensors from memory (their files may still be in flight) instead of mapping
-        # them back from the store
-        self._fresh: dict[ObjectId, memoryview] = {}
-        # id -> a payload a caller keeps in memory and lends for read-only use (the
-        # statistics): the Snapshotter's committer lends the last snapshot's big tensors,
-        # so its next statistics read no object back from the disk
-        self.lent: dict[ObjectId, memoryview] = {}
+        self.engine = CommitEngine(self, self._commits, self._manifests, self._journaled)
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
         # second argument maps ids to the (kind, payload size) a manifest promised, so the
@@ -303,7 +246,7 @@ class Repo(Maintenance, WorkspaceMixin):
         """A tensor from the store: memory-mapped (copy-on-write, private) when large.
         `verify`: its bytes are hashed first (CorruptObjectError if they do not match)."""
         if entry.nbytes >= MMAP_MIN and not self.objects.verify_reads and \
-                entry.id not in self._fresh:
+                self.engine.held_payload(entry.id, read_only=False) is None:
             _check_entry(entry)
             mapped = self.objects.map_loose_tensor(entry.id, entry.nbytes)
             if mapped is not None:
@@ -377,15 +320,13 @@ class Repo(Maintenance, WorkspaceMixin):
         read into memory, or the object's file memory-mapped (copy-on-write, private).
         Below `mmap_min` bytes a packed payload is read too."""
         _check_entry(entry)
-        fresh = self._fresh.get(entry.id)
-        if fresh is None and mmap_min > MMAP_MIN:  # (read-only use)
-            fresh = self.lent.get(entry.id)
+        fresh = self.engine.held_payload(entry.id, read_only=mmap_min > MMAP_MIN)
         if fresh is not None and fresh.nbytes == entry.nbytes:
             return fresh, 0
         # a payload kept from a recent commit serves small tensors, and read-only use of
         # bigger ones (statistics); a restored big tensor is mapped as always (it must be
         # writable and private, and a copy of it costs more than the mapping)
-        payload = self._recent.get(entry.id) \
+        payload = self.engine.recent_payload(entry.id) \
             if entry.nbytes < MMAP_MIN or mmap_min > MMAP_MIN else None
         # the object must still exist (gc or pruning may have removed it meanwhile)
         if payload is not None and len(payload) == entry.nbytes and \
@@ -429,22 +370,6 @@ class Repo(Maintenance, WorkspaceMixin):
         if self.objects.verify_reads:
             self._verify(entry, mapped, offset)
         return mapped, offset
-
-    def _remember(self, oid: ObjectId, payload: memoryview) -> None:
-        """Keep small payloads just committed: the next commit's layer statistics read them
-        back (a read from a pack each otherwise, a main cost of snapshotting a small
-        policy). Copied once: an unchanged tensor's payload is kept as it is."""
-        recent = self._recent
-        if oid in recent:
-            recent.move_to_end(oid)
-            return
-        # staged for the batch's pack: a view of those (immutable) bytes, no second copy
-        kept = self.objects.staged_payload(oid)
-        recent[oid] = bytes(payload) if kept is None or kept.nbytes != payload.nbytes \
-            else kept
-        self._recent_bytes += payload.nbytes
-        while len(recent) > RECENT_MAX or self._recent_bytes > RECENT_BYTES:
-            self._recent_bytes -= memoryview(recent.popitem(last=False)[1]).nbytes
 
     def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.objects.has(e.id)]
@@ -595,143 +520,7 @@ class Repo(Maintenance, WorkspaceMixin):
         write=False nothing is stored (used to compare a workspace file with HEAD).
         `rehash` is accepted for compatibility and ignored: every byte is always read.
         """
-        views = None
-        if isinstance(state, FlatState):
-            tensors, tree, ties = state
-        else:
-            tensors, tree, ties = flatten(to_state(state), self._views)
-            views = self._views.now
-        opened = self.objects.begin_batch()  # (within a commit's batch: None)
-        ok = False
-        try:
-            entries, new_ids = self._store_tensors(tensors, ties, write, views)
-            layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
-                if isinstance(state, SafetensorsFile) else None
-            manifest = Manifest(entries, tree, layout)
-            memo, tree_text = self._views, None
-            if memo.tree is not None and tree is memo.tree:  # its skeleton again: the text
-                tree_text = memo.tree_text  # of the first manifest that held it
-                if tree_text is None:
-                    tree_text = memo.tree_text = manifest.tree_json()
-            payload = manifest.to_bytes(tree_text)
-            mid = hash_object("manifest", payload)
-            if write:
-                if self.objects.put("manifest", payload, mid):
-                    new_ids.add(mid)
-                self._manifests[mid] = manifest
-            ok = True
-        finally:
-            self.objects.end_batch(opened, ok)
-        return mid, manifest, new_ids
-
-    def _file_layout(self, source: SafetensorsFile, tensors: dict[str, Any],
-                     entries: dict[str, TensorEntry], tree: Any, write: bool,
-                     new_ids: set[ObjectId]) -> FileLayout | None:
-        """The header to keep so that `source` can be written back byte for byte, or None
-        where the canonical writer reproduces the file anyway (a file vrl wrote) or where
-        the file's names do not match the snapshot's (hand-edited vrl metadata; such a
-        file is written back in the canonical layout)."""
-        stored = {n for n, e in entries.items() if e.tie is None}
-        if stored != set(source.tensors):
-            return None
-        for name, raw in source.tensors.items():
-            entry = entries[name]
-            if entry.nbytes != raw.nbytes or (tensors[name] is not raw and
-                                              entry.id != hash_object("tensor", raw.data)):
-                return None
-        head = bytes(source.header_bytes)
-        try:
-            if canonical_header(tree, entries)[0] == head:
-                return None
-        except VrlError:
-            pass  # a dtype the canonical writer cannot write: keep the header
-        hid = hash_object("tensor", head)
-        if write and not self.objects.touch(hid):
-            self.objects.write("tensor", head, hid)
-            new_ids.add(hid)
-        return FileLayout("safetensors", TensorEntry(hid, "uint8", (len(head),), len(head)))
-
-    def _store_tensors(self, tensors: dict[str, Any], ties: dict[str, str], write: bool,
-                       views: dict[str, Any] | None = None
-                       ) -> tuple[dict[str, TensorEntry], set[ObjectId]]:
-        """Hash and store each tensor. Exact: every byte is read on every commit; a fast
-        xxh3-128 of the bytes recognises content this process stored before, which then
-        needs neither the blake3 hash nor a write. A `TensorEntry` value is an object the
-        caller knows is stored (the Snapshotter's committer, for unchanged tensors).
-        `views`: `ViewMemo.now` of the flatten that made `tensors` (their bytes' views)."""
-        views = views or {}
-        entries: dict[str, TensorEntry] = {}
-        new_ids: set[ObjectId] = set()
-        digests: dict[str, bytes] = {}
-        self.digests = digests
-        known, objects, fingerprint = self._known, self.objects, _xxh3_128()
-        last, made = self._stored, {}
-        fresh = self._fresh
-        remember = RECENT_COMMIT_BYTES  # bytes this commit may still keep in _recent
-        for name, value in tensors.items():
-            if name in ties:
-                target = entries[ties[name]]
-                entries[name] = TensorEntry(target.id, target.dtype, target.shape,
-                                            target.nbytes, tie=ties[name])
-                continue
-            if isinstance(value, TensorEntry):
-                # touch(): a reused object must look young, or a concurrent gc may delete
-                # it (it can be unreachable and old) before our ref points at it
-                if write and not objects.touch(value.id):
-                    raise ObjectNotFoundError(f"tensor {name!r} ({value.id[:12]}) vanished "
-                                              "from the store (a concurrent gc?); the next "
-                                              "snapshot sends it again")
-                entries[name] = value
-                continue
-            viewed = views.get(name)
-            if viewed is not None and viewed.tensor is value:  # (flatten vouched for it)
-                buf, dtype, shape = viewed.view, viewed.dtype, viewed.shape
-            elif isinstance(value, RawTensor):
-                buf, dtype, shape = value.data, value.dtype, value.shape
-            else:
-                buf, dtype, shape, _keep = tensor_bytes(value)
-            nbytes = buf.nbytes
-            # a fast non-cryptographic fingerprint of the bytes (the object id stays blake3)
-            digest = fingerprint(buf)
-            digests[name] = digest
-            before = last.get(name)
-            entry = before[1] if before is not None else None
-            # the bytes this name had in the last snapshot (most tensors of a training run's
-            # commit): that entry again, as the pre-check by content would find it
-            again = entry is not None and before[0] == digest and entry.nbytes == nbytes \
-                and entry.shape == shape and entry.dtype == dtype and \
-                (not write or objects.touch(entry.id))
-            if again:
-                oid = entry.id
-            else:
-                key = (digest, nbytes)
-                oid = known.get(key)
-                if oid is None or (write and not objects.touch(oid)):
-                    oid = hash_object("tensor", buf, threads=nbytes > (1 << 22))
-                    if write and objects.put("tensor", buf, oid):
-                        new_ids.add(oid)
-                if write:
-                    known[key] = oid
-                    known.move_to_end(key)
-                    if len(known) > KNOWN_MAX:
-                        known.popitem(last=False)
-            if write:
-                if nbytes >= MMAP_MIN:
-                    fresh[oid] = buf
-                if nbytes < PACK_MAX and nbytes <= remember:
-                    remember -= nbytes
-                    self._remember(oid, buf)
-            if not again and (entry is None or entry.id != oid or entry.shape != shape or
-                              entry.nbytes != nbytes or entry.dtype != dtype):
-                # (shapes are tuples of ints, dtypes strs, ids and sizes exact: equal
-                # values are the same values, whose text is the same)
-                entry = TensorEntry(oid, dtype, shape, nbytes)
-            if write and type(dtype) is str:
-                made[name] = (digest, entry)
-            entries[name] = entry
-        if write:
-            self._stored = made
-        return entries, new_ids
+        return self.engine.snapshot(state, write=write)
 
     @writes
     def commit(self, state: Any, optimizer: Any = None, *, message: str = "",
@@ -747,174 +536,10 @@ class Repo(Maintenance, WorkspaceMixin):
         recomputed) so neither is lost. Every byte of every tensor is read (a write through
         `.data` is never missed); `rehash` is kept for compatibility and does nothing.
         """
-        # metadata problems are found before anything is written
-        if not isinstance(message, str):
-            raise MetadataError(f"commit message must be a string, not "
-                                f"{type(message).__name__}")
-        for name, value in (("hparams", hparams), ("metrics", metrics), ("meta", meta)):
-            if value is not None:
-                if not isinstance(value, dict):
-                    raise MetadataError(f"{name} must be a dict of names to values, not "
-                                        f"{type(value).__name__}")
-                check_depth(value, name)
-        if optimizer is not None:
-            state = {"model": to_state(state), "optimizer": to_state(optimizer)}
-        # Durability (docs/durability.md states the protocol and its invariants):
-        # 1. big tensors: loose files, fsynced, renamed, their directories fsynced - before
-        #    anything that names them can appear;
-        # 2-4. with the commit journal (`self._journaled`, the default on Linux) the batch
-        #    is sealed, and the journal appends its pack, the ref's move and the reflog
-        #    lines as one record and fdatasyncs it: the commit point (vrl/journal.py).
-        #    Without it, three rounds: 2. the small objects' pack, written and fsynced on a
-        #    worker thread while this one locks the ref and writes its temp file and reflog
-        #    lines; 3. the pack directory, the ref's temp file and the lines fsynced
-        #    together (`durable_first`); 4. the ref's rename and its directory.
-        unsynced: set[str] = set()  # directories of step 2 (and of retries) not yet synced
-        # (the batch is opened and closed by hand, not by context managers: every commit of
-        # a training loop pays for what runs here)
-        opened = [self.objects.begin_batch(defer=True, seal=self._journaled)]
-
-        def end_batch(ok: bool = True) -> None:
-            """Close the commit's batch (once; later calls do nothing)."""
-            token, opened[0] = opened[0], None
-            try:
-                self.objects.end_batch(token, ok)
-            finally:
-                self._fresh.clear()
-
-        ok = False
-        try:
-            mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
-            threshold = self.threshold if threshold is None else threshold
-
-            def layer_stats(parent: ObjectId | None) -> tuple[dict[str, Any], str | None]:
-                """The statistics against `parent`, and their text in the commit."""
-                parent_manifest = self.read_manifest(self.read_commit(parent).manifest) \
-                    if parent else None
-                result = compare(parent_manifest, manifest, self.read_tensor,
-                                 known_objects=lambda oid: oid not in new_ids,
-                                 threshold=threshold)
-                stats = result.to_json()
-                stats["parent"] = parent
-                return stats, _stats_json(stats, result.layer_texts())
-
-            # the statistics against the expected parent are computed from memory while
-            # the big tensors' writes and fsyncs are still in flight. The parent is this
-            # object's own last commit on `ref` while nothing else was seen to move it
-            # (a training loop's commits), else read: the compare-and-swap decides either
-            # way, and a stale guess costs one more round (see _commit_loop)
-            guessed = self._journaled and self._trusted and self._last is not None and \
-                self._last[0] == ref
-            expected = self._last[1] if guessed else self.refs.read(ref)  # type: ignore
-            try:
-                early = layer_stats(expected)
-            except VrlError:
-                if not guessed:
-                    raise
-                # the guess is stale (its tensors collected meanwhile): read the parent
-                guessed = self._trusted = False
-                expected = self.refs.read(ref)
-                early = layer_stats(expected)
-            env_info = env if isinstance(env, dict) else \
-                (_capture_env(self.workdir) if env else {})
-            self.objects.sync()  # the big tensors (the staged pack is not written yet)
-            self._fresh.clear()  # their buffers were only lent for the statistics
-
-            def objects_ready() -> list[str]:  # waits for step 2
-                unsynced.update(self.objects.take_unsynced_dirs())
-                return sorted(unsynced)
-
-            try:
-                cid = self._commit_loop(ref, mid, manifest, allow_empty, layer_stats,
-                                        (expected, early, guessed), end_batch, objects_ready,
-                                        message=message, author=author, time=time,
-                                        hparams=hparams, metrics=metrics,
-                                        env_info=env_info, step=step, meta=meta)
-                ok = True
-                return cid
-            finally:
-                with contextlib.suppress(VrlError):  # a failure is reported by the loop
-                    self.objects.flush()  # a pack still in flight when the loop gave up
-                self.objects.drop_sealed()  # a journaled commit that failed: forgotten
-        finally:
-            end_batch(ok)
-
-    def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
-                     layer_stats: Callable[[ObjectId | None],
-                                           tuple[dict[str, Any], str | None]],
-                     early: tuple[ObjectId | None, tuple[dict[str, Any], str | None], bool],
-                     end_batch: Callable[[], None], objects_ready: Callable[[], list[str]],
-                     **fields: Any) -> ObjectId:
-        """Write the commit object and move the ref, re-parenting after a lost
-        compare-and-swap (see `commit`). `early`: the statistics already computed against
-        the parent expected then, and whether that parent was guessed (this object's last
-        commit) rather than read; another parent gets `layer_stats(parent)`."""
-        message = fields["message"]
-        attempt = 0
-        first, guessed = True, early[2]
-        stale = None  # the commit object made on a stale guess (taken out of the pack)
-        while True:
-            # the parent the statistics were computed against, read (or guessed) moments
-            # ago: re-read only after a lost compare-and-swap (the swap itself checks it,
-            # under the lock)
-            parent = early[0] if first else self.refs.read(ref)
-            first = False
-            if parent and not allow_empty and self.read_commit(parent).manifest == mid:
-                if guessed and self.refs.read(ref) != parent:
-                    guessed = self._trusted = False  # moved meanwhile: commit onto it
-                    continue
-                raise WorkspaceError(f"nothing changed since {short_ref(ref)} "
-                                     f"({parent[:12]}); use --allow-empty to commit "
-                                     "anyway")
-            stats, stats_text = early[1] if parent == early[0] else layer_stats(parent)
-            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
-                            message=message, author=fields["author"] or self.author,
-                            time=fields["time"] or utc_now(),
-                            hparams=fields["hparams"] or {},
-                            metrics=fields["metrics"] or {}, env=fields["env_info"],
-                            step=fields["step"], stats=stats, meta=fields["meta"] or {})
-            payload = commit.to_bytes(stats_text)
-            cid = (stale and self.objects.reseal(stale, "commit", payload)) or \
-                self.objects.write("commit", payload)
-            self._commits[cid] = commit
-            end_batch()  # starts the pack's write (first attempt only; later a no-op)
-            reason = f"commit: {message.splitlines()[0] if message else ''}"
-            try:
-                if self._journaled:  # one append + fdatasync (vrl/journal.py)
-                    assert self.journal is not None
-                    self.journal.commit(ref, cid, parent, reason, self.objects.sync,
-                                        self.gc_lock.release_early)  # (vrl/gclock.py)
-                else:
-                    self.refs.update(ref, cid, expected=parent, reason=reason,
-                                     durable_first=objects_ready)
-            except RefConflictError:
-                if guessed:  # the guessed parent was stale: read it, and retry at once
-                    guessed = self._trusted = False
-                    stale = cid
-                    continue
-                # Lost the compare-and-swap: another commit landed on the ref, which
-                # is progress, so re-parent onto it and try again (as long as others
-                # make progress, someone wins every round; the jittered backoff
-                # spreads the losers out so no one is starved). A conflict without
-                # any move of the ref (a lock held for a long time, a name clash) is
-                # not ours to retry.
-                if self.refs.read(ref) == parent:
-                    raise
-                attempt += 1
-                _backoff(attempt)
-                continue
-            # the next commit on `ref` guesses its parent (this one) if nothing else moved
-            # the ref since this object's last commit: a guess that held, or a parent read
-            # that was that commit
-            self._trusted = guessed or self._last == (ref, parent)
-            self._last = (ref, cid)
-            try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
-                if self.objects.merge_due():
-                    with self.maintaining() as before_removal:
-                        self.objects.consolidate(before_removal)
-            except VrlError:
-                pass  # the commit is done; the next one tries again
-            return cid
+        return self.engine.commit(state, optimizer, message=message, hparams=hparams,
+                                  metrics=metrics, step=step, env=env, meta=meta,
+                                  allow_empty=allow_empty, threshold=threshold, ref=ref,
+                                  author=author, time=time)
 
     @property
     def threshold(self) -> float:
@@ -1001,7 +626,7 @@ class Repo(Maintenance, WorkspaceMixin):
             # every byte is copied into the model anyway: hashing it costs little more
             load_into(self.load(oid, verify=True), model, optimizer)
         self.ensure_restorable(oid, "check out")
-        self._trusted = False  # (HEAD moves: the next commit reads where to)
+        self.engine.forget_parent()  # (HEAD moves: the next commit reads where to)
         if create_branch:
             self.branch(create_branch, oid)
             self.refs.set_head(f"refs/heads/{create_branch}",
@@ -1030,7 +655,7 @@ class Repo(Maintenance, WorkspaceMixin):
         self.ensure_restorable(oid, "reset to", keep=branch is not None)
         if workspace:
             self.write_workspace(oid)
-        self._trusted = False
+        self.engine.forget_parent()
         old = self.refs.update("HEAD", oid, reason=f"reset: moving to {rev}")
         return old, oid
 
@@ -1101,7 +726,7 @@ class Repo(Maintenance, WorkspaceMixin):
             raise RefConflictError(self.refs.problem(ref) or f"branch {name!r} already "
                                    "exists; use another name or --force")
         self.ensure_restorable(oid, "branch", keep=True)
-        self._trusted = False
+        self.engine.forget_parent()
         try:
             self.refs.update(ref, oid, expected=ANY if force else None,
                              reason=f"branch: created from {rev}")
@@ -1129,7 +754,7 @@ class Repo(Maintenance, WorkspaceMixin):
             raise RefConflictError(self.refs.problem(ref) or f"tag {name!r} already exists; "
                                    "use --force to move it")
         self.ensure_restorable(oid, "tag", keep=True)
-        self._trusted = False
+        self.engine.forget_parent()
         try:
             self.refs.update(ref, oid, expected=ANY if force else None, reason=f"tag: {rev}")
         except RefConflictError:
@@ -1145,7 +770,7 @@ class Repo(Maintenance, WorkspaceMixin):
         return self._delete_ref(f"refs/tags/{name}", f"tag {name!r}", "tag: deleted")
 
     def _delete_ref(self, ref: str, what: str, reason: str) -> ObjectId | None:
-        self._trusted = False
+        self.engine.forget_parent()
         damaged = self.refs.problem(ref) is not None
         old = None if damaged else self.refs.read(ref)
         if old is None and not damaged:
@@ -1164,13 +789,6 @@ def _check_entry(entry: TensorEntry) -> None:
         consistent = False
     if not consistent:
         entry.check()
-
-
-def _backoff(attempt: int) -> None:
-    """Sleep a random time up to an exponentially growing, capped bound ("full jitter")."""
-    import random
-
-    _time.sleep(random.uniform(0, min(COMMIT_BACKOFF_MAX, 0.002 * 2 ** min(attempt, 16))))
 
 
 def _neg_time(time: str) -> str:
@@ -1195,4 +813,4 @@ def load_into(state: Any, model: Any = None, optimizer: Any = None) -> None:
         model.load_state_dict(state)
 
 
-__all__ = ["Repo", "LogEntry", "FlatState", "RawTensor", "load_into"]
+__all__ = ["Repo", "LogEntry", "FlatState", "RawTensor", "load_into", "MMAP_MIN"]

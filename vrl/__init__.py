@@ -1,9 +1,8 @@
 """vrl - Versioned Reinforcement Learning: a Git-like store for policy snapshots."""
 
-import atexit
-import sys
 from typing import TYPE_CHECKING, Any
 
+from vrl import lifecycle  # noqa: F401 - its exit handler, registered as early as vrl can
 from vrl.errors import VrlError
 
 if TYPE_CHECKING:
@@ -22,18 +21,3 @@ def __getattr__(name: str) -> Any:
         return Repo
     raise AttributeError(f"module 'vrl' has no attribute {name!r}")
 
-
-EXITING = False  # set once the interpreter runs vrl's exit handler (see _at_exit)
-
-
-@atexit.register
-def _at_exit() -> None:
-    """Finish the commit journal's queued write-outs before the interpreter stops its
-    thread. Registered with the package, the earliest vrl can: an exit handler registered
-    before vrl was imported runs after this one, and a commit it makes writes its own
-    files (vrl.journal reads EXITING; its thread would not be waited for)."""
-    global EXITING
-    EXITING = True
-    journal = sys.modules.get("vrl.journal")
-    if journal is not None:
-        journal._drain()

@@ -264,7 +264,8 @@ class CommitEngine:
                 key = (digest, nbytes)
                 oid = known.get(key)
                 if oid is None or (write and not objects.touch(oid)):
-                    oid = hash_object("tensor", buf, threads=nbytes > (1 << 22))
+                    oid = hash_object("tensor", buf, threads=nbytes > (1 << 22) and
+                                      objects.parallel_hashing)
                     if write and objects.put("tensor", buf, oid):
                         new_ids.add(oid)
                 if write:

@@ -258,9 +258,10 @@ def _serve(sock: socket.socket) -> int:
 
     # direct: big objects' bulk straight from the shared memory to the disk (the trainer
     # lays out the region for it): no copy into the page cache, none of the trainer's
-    # pages evicted
+    # pages evicted. One core at most for hashing: blake3's thread pool would take the
+    # trainer's core.
     repo = Repo(config["repo"], fsync=config["fsync"], verify=config["verify"],
-                direct=True)
+                direct=True, parallel_hashing=False)
     env = config["env"]
     if config.get("env_process") is not None:  # the trainer left the capture to us
         from vrl import envinfo
@@ -338,10 +339,6 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):
         pass
-    # one core at most for hashing: blake3's thread pool would take the trainer's core
-    from vrl import objects
-
-    objects.PARALLEL_HASHING = False
     sock = socket.socket(fileno=int(args[0]))
     try:
         return _serve(sock)
@@ -353,9 +350,9 @@ def _exit(code: int) -> None:
     """End the process once every commit's files are written: without the interpreter's
     teardown (tens of milliseconds of module clean-up), which the training process would
     wait for in `Snapshotter.close`."""
-    import vrl
+    from vrl import lifecycle
 
-    vrl._at_exit()  # the journal's write-outs (what atexit would have run)
+    lifecycle.finish()  # the journal's write-outs (what atexit would have run)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import vrl
+from vrl import lifecycle
 from vrl.durable import discard, fdatasync, fsync, fsync_all, fsync_dir
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError, storage_error
 from vrl.object_store import FileObjectStore
@@ -813,9 +813,9 @@ def create_journal(vrl_dir: Path) -> None:
 
 
 # Each process's write-out thread: a daemon fed by a queue (a thread pool's hand-off
-# costs ~25 us on a commit's path, a queue's ~5). At exit, `_drain` (run by vrl's exit
-# handler) finishes what is queued before the interpreter stops the thread; a commit
-# made after it, in an exit handler, writes its own files out.
+# costs ~25 us on a commit's path, a queue's ~5). At exit, `finish_at_exit` (run by
+# vrl.lifecycle) finishes what is queued before the interpreter stops the thread; a
+# commit made after it, in an exit handler, writes its own files out.
 _JOBS: dict[_Handle, Callable[[], None]] = {}  # handle -> its pending write-out
 _WRITER: list = [None, None]  # [pid, queue] of this process's write-out thread
 
@@ -823,7 +823,7 @@ _WRITER: list = [None, None]  # [pid, queue] of this process's write-out thread
 def _hand_off(handle: _Handle, job: Callable[[], None]) -> None:
     _JOBS[handle] = job
     try:
-        if vrl.EXITING:  # (vrl's exit handler has run: the thread is not waited for)
+        if lifecycle.exiting():  # (the thread is not waited for any more)
             raise RuntimeError("exiting")
         if _WRITER[0] != os.getpid():  # (a forked child has the queue, not the thread)
             with _HANDLES_LOCK:
@@ -848,8 +848,9 @@ def _write_out(work: queue.SimpleQueue) -> None:
         _run_pending(work.get())
 
 
-def _drain() -> None:
-    """Finish every queued write-out (at exit: vrl._at_exit)."""
+def finish_at_exit() -> None:
+    """Finish every queued write-out: the interpreter is stopping, and does not wait for
+    the write-out thread (vrl.lifecycle runs this)."""
     for handle in list(_JOBS):
         _run_pending(handle)
     for handle in list(_HANDLES.values()):
@@ -892,3 +893,6 @@ def _has_line(path: Path, line: bytes) -> bool:
     except OSError:
         return False
     return data.startswith(line) or b"\n" + line in data
+
+
+lifecycle.on_exit(finish_at_exit)

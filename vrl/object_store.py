@@ -260,7 +260,8 @@ class FileObjectStore(ObjectStore):
     pack directory changes (another process committed, repacked or collected garbage)."""
 
     def __init__(self, root: Path, fsync: bool = True, verify_reads: bool = False,
-                 fresh_for: float = 1800.0, direct: bool = False) -> None:
+                 fresh_for: float = 1800.0, direct: bool = False,
+                 parallel_hashing: bool = True) -> None:
         self.root = Path(root)
         self._root = os.fspath(self.root)
         self._pack_dir = f"{self._root}/pack"
@@ -273,6 +274,10 @@ class FileObjectStore(ObjectStore):
         # `direct_offset` in memory (the Snapshotter's committer lays out its shared memory
         # so). Off elsewhere: a commit's objects then stay in the page cache for a read.
         self.direct = direct
+        # Whether a very large object may be hashed on several cores: not in the
+        # Snapshotter's committer process, where a second thread would take the training
+        # loop's core.
+        self.parallel_hashing = parallel_hashing
         self.direct_writes = 0  # objects written so (a count for tests and benchmarks)
         self._dirty_dirs: set[str] = set()
         self._batching = False
@@ -640,7 +645,7 @@ class FileObjectStore(ObjectStore):
     # ------------------------------------------------------------------ writing
     def write(self, kind: str, payload: bytes | memoryview, oid: ObjectId | None = None
               ) -> ObjectId:
-        oid = oid or hash_object(kind, payload, threads=True)
+        oid = oid or hash_object(kind, payload, threads=self.parallel_hashing)
         self.put(kind, payload, oid)
         return oid
 

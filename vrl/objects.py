@@ -60,11 +60,6 @@ def parse_header(raw: bytes, oid: str = "") -> tuple[str, int]:
         raise CorruptObjectError("object header is not a vrl object header") from exc
 
 
-# Whether `threads=True` may hash on several cores. The Snapshotter's committer process
-# turns it off: there a second hashing thread would take the training loop's core.
-PARALLEL_HASHING = True
-
-
 def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -> ObjectId:
     """The id an object with this kind and payload has.
 
@@ -74,7 +69,7 @@ def hash_object(kind: str, payload: bytes | memoryview, threads: bool = False) -
     if type(payload) is bytes and len(payload) < 1 << 14:  # (a manifest, a commit: one call)
         return ObjectId(blake3.blake3(header(kind, len(payload)) + payload).hexdigest())
     view = memoryview(payload).cast("B")
-    threads = threads and PARALLEL_HASHING and view.nbytes > (1 << 26)
+    threads = threads and view.nbytes > (1 << 26)
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
     hasher.update(header(kind, view.nbytes))
     hasher.update(view)

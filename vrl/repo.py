@@ -125,10 +125,11 @@ class Repo(Maintenance, WorkspaceMixin):
 
     def __init__(self, path: str | Path = ".", *, fsync: bool | None = None,
                  verify: bool | None = None, journal: bool | None = None,
-                 direct: bool = False) -> None:
+                 direct: bool = False, parallel_hashing: bool = True) -> None:
         """Open the repository at `path` or above. `fsync`, `verify`, `journal`: override
         core.fsync, core.verify, core.journal. `direct`: write big objects with O_DIRECT
-        where their payload is laid out for it (the Snapshotter's committer)."""
+        where their payload is laid out for it; `parallel_hashing`: hash a very large
+        object on several cores (the Snapshotter's committer turns both)."""
         self.vrl_dir = find_vrl_dir(path)
         self.workdir = self.vrl_dir.parent
         self.config = Config(self.vrl_dir / "config")
@@ -138,7 +139,7 @@ class Repo(Maintenance, WorkspaceMixin):
         self.objects = FileObjectStore(self.vrl_dir / "objects", fsync=fsync,
                                        verify_reads=verify,
                                        fresh_for=self.config.getfloat("gc", "grace") / 2,
-                                       direct=direct)
+                                       direct=direct, parallel_hashing=parallel_hashing)
         self.refs = RefStore(self.vrl_dir, fsync=fsync, who=self.author)
         # The commit journal (vrl/journal.py): durable commits in one fdatasync where a
         # reboot can be recognised. Any repository object honours one (it finishes what a

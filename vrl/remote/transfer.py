@@ -390,10 +390,9 @@ LIST_THRESHOLD = 256  # above this many questions, one listing beats one HEAD pe
 PACK_SPLIT = 64 << 20  # an uploaded pack of tensors holds at most about this many bytes
 ONE_PACK_MAX = 1 << 20  # a push this small sends one pack; a bigger one sends its tensors'
 # pack(s), then one pack of manifests and commits (so fetches find the history in one read)
-PUSH_PACKS = True  # False: every object goes loose, as before packs (tests of such remotes)
 REMOTE_PACK_MAX = 1 << 20
-"""Tensors smaller than this are pushed inside the pack (bigger ones loose). Larger than
-the local store's 64 KiB: over a network a request costs more than sending ~1 MiB (S3:
+"""Tensors smaller than this are pushed inside the pack (bigger ones loose). As the local
+store's PACK_MAX: over a network a request costs more than sending ~1 MiB (S3:
 tens of ms each), while a fetch still reads a single packed tensor with one ranged read;
 fetched objects are written through the local store, which keeps its own layout."""
 
@@ -472,8 +471,8 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
     progress.begin(f"push {where}", sum(sizes.values()), len(sizes))
     kinds = dict.fromkeys(tensors, "tensor") | dict.fromkeys(manifests, "manifest") | \
         dict.fromkeys(new_commits, "commit")
-    loose = sorted((o for o in data if not PUSH_PACKS or
-                    (o in tensor_sizes and tensor_sizes[o] >= REMOTE_PACK_MAX)),
+    loose = sorted((o for o in data if o in tensor_sizes and
+                    tensor_sizes[o] >= REMOTE_PACK_MAX),
                    key=lambda o: -sizes[o])  # biggest first keeps every worker busy
     small = [o for o in data if o not in set(loose)]
     if sum(sizes[o] for o in small + new_commits) <= ONE_PACK_MAX:
@@ -513,9 +512,7 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
         # The tensors (loose ones, and their packs when apart) in parallel; then the pack
         # with the commits, only after all the data they name; the ref moves last.
         _pool_map(send_any, [*loose, *groups], jobs)
-        if not PUSH_PACKS:
-            _pool_map(send, new_commits, jobs)
-        elif last:
+        if last:
             send_pack(last)
         for o in data + new_commits:
             result.objects[kinds[o]] += 1

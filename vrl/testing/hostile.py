@@ -38,6 +38,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from vrl import pack
 from vrl.errors import VrlError
 from vrl.objects import (
     HEADER_SIZE,
@@ -47,7 +48,7 @@ from vrl.objects import (
 )
 from vrl.remote import add_remote, clone, fetch, open_named, pull, push
 from vrl.remote import transfer as transfer_module
-from vrl.remote.base import KeyMissing, RemoteStore, object_key
+from vrl.remote.base import PACK_PREFIX, KeyMissing, RemoteStore, object_key
 from vrl.remote.stores import FsspecRemote, LocalRemote, S3Remote
 from vrl.repo import Repo
 from vrl.testing.remote_conformance import RemoteCase
@@ -190,6 +191,20 @@ def _remove_directory(store: RemoteStore, path: str) -> None:
             os.rmdir(path)
         else:
             store.fs.rmdir(path)  # type: ignore[attr-defined]
+
+
+def _unpack(store: RemoteStore) -> None:
+    """Rewrite the remote's packs as loose objects, each as a pack holds it: these attacks
+    edit loose objects (attacks on packs: tests/remote/test_hostile_packs.py)."""
+    try:
+        for key in store.list(PACK_PREFIX):
+            data = store.get(key)
+            span = pack.index_span(data[-pack.TRAILER.size:], len(data), key)
+            for oid, (offset, length) in pack.parse_tail(data[-span:], len(data), key).items():
+                store.put(object_key(oid), data[offset:offset + length])
+            store.delete(key)
+    finally:
+        store.close()
 
 
 class Deep:
@@ -493,9 +508,11 @@ class HostileRemote:
             commits.append(src.commit(state, message=f"c{i}", env=False, step=i))
             if i == 1:
                 push(src, open_named(src, "origin"), "origin")
+                _unpack(open_named(src, "origin"))
                 clone(remote.url, tmp / "dst", options=remote.options)
         src.tag("v1", commits[1])
         push(src, open_named(src, "origin"), "origin", tags=True)
+        _unpack(open_named(src, "origin"))
         manifests = [src.read_commit(c).manifest for c in commits]
         tensors = [{e.id: e.nbytes for e in src.read_manifest(m).tensors.values()}
                    for m in manifests]
@@ -612,8 +629,6 @@ class HostileRemote:
             # small caps, so oversized metadata is cheap to forge on every backend
             mp.setattr(transfer_module, "MAX_COMMIT_BYTES", 1 << 16)
             mp.setattr(transfer_module, "MAX_MANIFEST_BYTES", 1 << 16)
-            # these attacks edit loose objects (packs: tests/remote/test_hostile_packs.py)
-            mp.setattr(transfer_module, "PUSH_PACKS", False)
             attack, dst = stack.enter_context(self._world(tmp, remote))
             dry = Counter()
             self._trial(tmp, remote, attack, lambda a: None, dst, dry)  # untouched: all ok

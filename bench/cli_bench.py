@@ -167,7 +167,8 @@ def main() -> None:
 
 
 def table(result: dict) -> str:
-    """README's table: vrl's CLI wall times, with `dvc` on the same file when measured."""
+    """The CLI table of docs/benchmarks.md: vrl's CLI wall times, with `dvc` on the same
+    file when measured."""
     ours, dvc = result["vrl"], result.get("dvc", {})
     rows = [("`vrl commit FILE` (environment captured)", ours["commit_s"], dvc.get("add_s"),
              "`dvc add FILE`", "<= 0.33"),

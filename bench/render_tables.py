@@ -1,6 +1,6 @@
-"""Splice the benchmark tables into README.md.
+"""Splice the benchmark tables into docs/benchmarks.md.
 
-README marks each table with `<!-- table:<name> -->` ... `<!-- /table:<name> -->`. A table
+The page marks each table with `<!-- table:<name> -->` ... `<!-- /table:<name> -->`. A table
 comes from bench/out/<name>.md, or is built here from the JSON a benchmark wrote (remote,
 trainer); one whose inputs are missing is left as it is. Run by `dvc repro`.
 """
@@ -120,7 +120,7 @@ def render(readme: str) -> tuple[str, list[str]]:
 
 
 def main() -> int:
-    path = ROOT / "README.md"
+    path = ROOT / "docs" / "benchmarks.md"
     text, updated = render(path.read_text())
     path.write_text(text)
     print(f"updated tables: {', '.join(updated) or 'none'}")

@@ -101,7 +101,8 @@ def test_power_cut_after_repack_loses_no_acknowledged_commit(tmp_path, monkeypat
 def test_no_journal_record_names_a_pack_that_a_merge_removed(tmp_path, monkeypatch):
     """The invariant behind both tests above, checked after every commit: each record of
     the journal's current epoch (what a replay after a power cut re-applies) finds its
-    pack, so a merge checkpoints the journal before it removes the packs it merged."""
+    pack once the commit (and the merge it ran) returned: a merge checkpoints the journal
+    once the removal of the packs it merged is durable."""
     monkeypatch.setattr(object_store, "AUTO_MERGE", 4)
     monkeypatch.setattr(journal, "EXTERNAL_MIN", 0)
     repo = Repo.init(tmp_path / "w")

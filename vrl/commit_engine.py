@@ -466,8 +466,8 @@ class CommitEngine:
             self._last = (ref, cid)
             try:  # every AUTO_MERGE commits: their packs become one (reads stay fast)
                 if self.objects.merge_due():
-                    with self.repo.maintaining() as before_removal:
-                        self.objects.consolidate(before_removal)
+                    with self.repo.maintaining() as checkpoint:
+                        self.objects.consolidate(checkpoint)
             except VrlError:
                 pass  # the commit is done; the next one tries again
             return cid

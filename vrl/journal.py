@@ -726,18 +726,20 @@ class Journal:
     @contextlib.contextmanager
     def maintaining(self) -> Iterator[Callable[[], None]]:
         """Hold the journal for a step that removes files (a pack merge, repack): no
-        record is appended meanwhile. Yields `before_removal()`, which the step calls once
-        what it wrote is durable and before it removes anything: it checkpoints, so that no record
-        still needs a file the step removes (each record's pack is fsynced first: a pack
-        about to go whose directory entry a power cut kept must not be left empty)."""
+        record is appended meanwhile. Yields `checkpoint()`, which the step calls once its
+        new files are durable and the removal of the old ones is too. Until then a replay
+        puts back what a record needs from the journal itself (a record's pack is a copy
+        of its body; an external pack's objects are in the new pack, and its record stands
+        either way: `_settle`); from then on no record is replayed (docs/durability.md,
+        invariant 3)."""
         with self.held() as handle:
             handle.seen = None
 
-            def before_removal() -> None:
+            def checkpoint() -> None:
                 if handle.tail > HEADER.size:
                     self._checkpoint(handle, parse(_read_all(handle.fd, handle.tail))[0])
 
-            yield before_removal
+            yield checkpoint
 
     def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False
                     ) -> None:

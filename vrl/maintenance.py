@@ -342,8 +342,8 @@ class Maintenance:
     def repack(self: Repo) -> tuple[int, int]:
         """Merge all packs and small loose objects into one pack; return (objects packed,
         files removed). Crash-safe: the new pack is durable before anything goes."""
-        with self.maintaining() as before_removal:
-            return self.objects.repack(before_removal)
+        with self.maintaining() as checkpoint:
+            return self.objects.repack(checkpoint)
 
     # ------------------------------------------------------------------ fsck
     def fsck(self: Repo, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:

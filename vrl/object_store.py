@@ -238,8 +238,9 @@ PACK_SPILL = 64 << 20
 mid-sized tensors then writes several packs instead of holding them all in memory)."""
 PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
 AUTO_MERGE = 32  # this many packs of one size class are merged after a commit
-# called by a step that removes files once what it wrote is durable (Journal.maintaining)
-BeforeRemoval = Callable[[], None]
+# called by a step that removes files once what it wrote, and the removal of what that
+# replaces, are durable (Journal.maintaining)
+Checkpoint = Callable[[], None]
 MERGED_MAX = 8 << 20  # packs from this size up are never merged again (but by repack)
 FRESH_MAX = 256 << 10  # the size class of one commit's pack of a small policy
 
@@ -1199,10 +1200,11 @@ class FileObjectStore(ObjectStore):
             problems += pack.check(f"{self._pack_dir}/{name}")
         return problems
 
-    def repack(self, before_removal: BeforeRemoval | None = None) -> tuple[int, int]:
+    def repack(self, checkpoint: Checkpoint | None = None) -> tuple[int, int]:
         """Merge every pack and every small loose object into one pack, crash-safely (the
-        new pack is durable before anything it replaces is removed; `before_removal()`
-        is called in between). Returns (objects in the new pack, files removed)."""
+        new pack is durable before anything it replaces is removed; `checkpoint()` is
+        called once the removals are durable too). Returns (objects in the new pack, files
+        removed)."""
         self._refresh()
         packs = sorted(self._packs)
         loose = []
@@ -1214,15 +1216,15 @@ class FileObjectStore(ObjectStore):
                         loose.append(ObjectId(oid))
         if len(packs) + len(loose) < 2 or (len(packs) == 1 and not loose):
             return len(self._packed), 0
-        return self._merge(packs, loose, before_removal)
+        return self._merge(packs, loose, checkpoint)
 
-    def consolidate(self, before_removal: BeforeRemoval | None = None) -> int:
+    def consolidate(self, checkpoint: Checkpoint | None = None) -> int:
         """Bound the number of packs a reader must index (one per commit otherwise): once
         AUTO_MERGE packs of one size class exist - below FRESH_MAX (commits' own packs), or
         from there to MERGED_MAX (merged ones) - merge them into one. Packs are merged by
         class so that a commit's bytes are rewritten about twice, not once per merge (a
         merged pack merged again with every 32 new ones rewrote it up to four times: most
-        of a small commit's mean cost). Bigger packs are left alone. `before_removal`: as
+        of a small commit's mean cost). Bigger packs are left alone. `checkpoint`: as
         for `repack`. Returns the number of packs merged (0 if nothing was due)."""
         self._refresh(force=False)
         merged = 0
@@ -1230,7 +1232,7 @@ class FileObjectStore(ObjectStore):
             due = self._due()
             if due is None:
                 break
-            self._merge(due, [], before_removal)  # (a merged pack may complete the next)
+            self._merge(due, [], checkpoint)  # (a merged pack may complete the next)
             merged += len(due)
         return merged
 
@@ -1279,7 +1281,7 @@ class FileObjectStore(ObjectStore):
         return None
 
     def _merge(self, packs: list[str], loose: list[ObjectId],
-               before_removal: BeforeRemoval | None = None) -> tuple[int, int]:
+               checkpoint: Checkpoint | None = None) -> tuple[int, int]:
         objects: dict[ObjectId, bytes] = {}
         for oid in loose:
             try:
@@ -1297,8 +1299,6 @@ class FileObjectStore(ObjectStore):
                 return 0, 0
         new = self.write_pack(objects.items())
         self.sync()
-        if before_removal is not None:  # nothing may still need what goes
-            before_removal()
         removed = 0
         for name in packs:
             if name != new:
@@ -1309,6 +1309,8 @@ class FileObjectStore(ObjectStore):
             self._dirty_dirs.add(os.path.dirname(self.fspath(oid)))
             removed += 1
         self._dirty_dirs.add(self._pack_dir)
-        self.sync()
+        self.sync()  # the removals durable: no name of a removed pack comes back empty
+        if checkpoint is not None:
+            checkpoint()
         self._refresh()
         return len(objects), removed

@@ -398,13 +398,13 @@ class Repo(Maintenance, WorkspaceMixin):
     @contextlib.contextmanager
     def maintaining(self) -> Iterator[Callable[[], None]]:
         """Hold the repository for a step that removes files (a pack merge, repack):
-        yields `before_removal()`, to call once what the step wrote is durable and before it
-        removes anything (`Journal.maintaining`; docs/durability.md)."""
+        yields `checkpoint()`, to call once what the step wrote is durable and so is the
+        removal of what it replaces (`Journal.maintaining`; docs/durability.md)."""
         if self.journal is None:
             yield lambda: None
             return
-        with self.journal.maintaining() as before_removal:
-            yield before_removal
+        with self.journal.maintaining() as checkpoint:
+            yield checkpoint
 
     # ------------------------------------------------------------------ revisions
     def head(self) -> ObjectId | None:

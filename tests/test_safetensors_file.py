@@ -21,7 +21,7 @@ from vrl.safetensors_file import (
     parse_header,
     read_file,
 )
-from vrl.tensors import TORCH_DTYPES
+from vrl.tensors import TORCH_DTYPES, file_state
 from vrl.workspace import read_checkpoint, write_checkpoint
 
 TORCH_OF = {name: getattr(torch, name) for name, _ in DTYPES.values()}
@@ -158,7 +158,7 @@ def test_reads_what_the_library_writes(tmp_path):
     save_file(state, str(path), metadata={"k": "v", "z": "ü"})
     f = read_file(path)
     assert f.header.metadata == {"k": "v", "z": "ü"}
-    assert list(f.state()) == sorted(state)
+    assert list(file_state(f)) == sorted(state)
     back = read_checkpoint(path)
     assert_same(dict(sorted(load_file(str(path)).items())), back)  # name order, as before
     for name, t in state.items():
@@ -251,7 +251,7 @@ def test_malformed_headers_are_refused(tmp_path, head):
 def test_empty_file_with_no_tensors_is_valid(tmp_path):
     path = tmp_path / "e.safetensors"
     path.write_bytes(handmade([]))
-    assert read_file(path).state() == {}
+    assert file_state(read_file(path)) == {}
 
 
 def test_parse_header_alone_allows_a_header_without_data():

@@ -280,6 +280,7 @@ import struct, sys
 import numpy as np
 from vrl import Repo
 from vrl.safetensors_file import RawTensor, read_file
+from vrl.tensors import file_state
 repo = Repo.init({str(tmp_path / "r")!r})
 w = RawTensor("bfloat16", (2, 2), struct.pack("<4H", 0x3f80, 0x4000, 0x4040, 0xbf80))
 state = {{"w": w, "tied": w, "n": np.arange(3, dtype=np.int16), "step": 3}}
@@ -292,7 +293,7 @@ manifest = repo.read_manifest(repo.read_commit(first).manifest)
 assert manifest.tensors["tied"].tie == "w" and manifest.tensors["n"].dtype == "numpy:<i2"
 repo.export(first, {str(tmp_path / "x.safetensors")!r})
 f = read_file({str(tmp_path / "x.safetensors")!r})
-back = f.state()
+back = file_state(f)
 assert bytes(back["w"].data) == bytes(w.data) and back["tied"] is back["w"]
 assert back["n"].tolist() == [0, 1, 2] and back["step"] == 3
 try:

@@ -195,25 +195,6 @@ class SafetensorsFile:
     header: Header
     tensors: dict[str, RawTensor]  # in header order
 
-    def state(self) -> Any:
-        """The checkpoint the file holds: a flat {name: tensor} dict in name order (as the
-        safetensors library lists them), or the nested tree a vrl export recorded."""
-        from vrl.tensors import unflatten
-
-        meta = self.header.metadata or {}
-        tensors: dict[str, Any] = {k: self.tensors[k] for k in sorted(self.tensors)}
-        if "vrl.tree" not in meta:
-            return tensors
-        try:
-            for name, target in json.loads(meta.get("vrl.ties", "{}")).items():
-                tensors[name] = tensors[target]
-            for name in json.loads(meta.get("vrl.numpy", "[]")):
-                tensors[name] = as_numpy(tensors[name])
-            return unflatten(json.loads(meta["vrl.tree"]), tensors, raw=True)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(f"{self.path}: its vrl metadata is damaged ({exc}); "
-                                  "re-export it") from exc
-
 
 def read_file(path: str | Path) -> SafetensorsFile:
     """Open and validate a safetensors file; a bad file is one CheckpointError line."""

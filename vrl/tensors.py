@@ -16,16 +16,19 @@ str, int, finite float, bool, None -> themselves.
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vrl.errors import CheckpointError
-from vrl.safetensors_file import RawTensor
+from vrl.safetensors_file import RawTensor, as_numpy
 
 if TYPE_CHECKING:
     import torch
+
+    from vrl.safetensors_file import SafetensorsFile
 
 SEP = "/"
 # torch dtype names (str(dtype) without "torch.") and the aliases getattr(torch, ...) knows
@@ -63,6 +66,24 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def file_state(source: SafetensorsFile) -> Any:
+    """The checkpoint a safetensors file holds: a flat {name: tensor} dict in name order (as
+    the safetensors library lists them), or the nested tree a vrl export recorded."""
+    meta = source.header.metadata or {}
+    tensors: dict[str, Any] = {k: source.tensors[k] for k in sorted(source.tensors)}
+    if "vrl.tree" not in meta:
+        return tensors
+    try:
+        for name, target in json.loads(meta.get("vrl.ties", "{}")).items():
+            tensors[name] = tensors[target]
+        for name in json.loads(meta.get("vrl.numpy", "[]")):
+            tensors[name] = as_numpy(tensors[name])
+        return unflatten(json.loads(meta["vrl.tree"]), tensors, raw=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{source.path}: its vrl metadata is damaged ({exc}); "
+                              "re-export it") from exc
+
+
 def to_state(obj: Any) -> Any:
     """Accept an nn.Module or optimizer as its state_dict, a read safetensors file as its
     checkpoint; anything else as it is."""
@@ -71,7 +92,7 @@ def to_state(obj: Any) -> Any:
     from vrl.safetensors_file import SafetensorsFile
 
     if isinstance(obj, SafetensorsFile):
-        return obj.state()
+        return file_state(obj)
     torch = _torch()
     if torch is not None and isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
         return obj.state_dict()

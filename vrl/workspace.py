@@ -69,10 +69,11 @@ def open_checkpoint(path: str | Path) -> SafetensorsFile | Any:
 def read_checkpoint(path: str | Path) -> Any:
     """Load a checkpoint file into a (nested) state tree of CPU tensors."""
     from vrl.safetensors_file import SafetensorsFile
+    from vrl.tensors import file_state
 
     opened = open_checkpoint(path)
     if isinstance(opened, SafetensorsFile):
-        return to_torch(opened.state())
+        return to_torch(file_state(opened))
     return opened
 
 

@@ -236,3 +236,26 @@ def translate(exc: BaseException, url: str, doing: str) -> RemoteError:
 
 __all__ = ["RemoteStore", "KeyMissing", "RefConflictError", "is_secret_option", "object_key",
            "redact", "redact_options", "translate"]
+
+
+def require_remote(store: RemoteStore, *, create: bool = False, branch: str = "main",
+                 doing: str = "push to") -> None:
+    """Refuse to treat a mistyped location as a remote: it must be a vrl remote already,
+    or (push only) be created on request (`create`) or be an empty directory."""
+    where = redact(store.url)
+    state = store.state()
+    if state == "store":
+        return
+    if state == "other":
+        raise RemoteError(f"cannot {doing} {where}: it is not a vrl remote (it holds other "
+                          "files); check the URL, or use a new or empty location")
+    if doing == "push to" and (create or state == "empty"):
+        store.create(branch)
+        return
+    if doing == "push to":
+        raise RemoteError(f"cannot push to {where}: no vrl remote there; check the URL, or "
+                          "pass --create (`vrl push --create`, or `vrl remote add --create`) "
+                          "to start a new remote there")
+    raise RemoteError(f"cannot {doing} {where}: " + (
+        "it is an empty directory, not a vrl remote" if state == "empty" else
+        "no vrl repository or remote there (nothing has been pushed)") + "; check the URL")

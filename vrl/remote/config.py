@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from vrl.refs import check_ref_name
-from vrl.remote.base import RemoteStore, redact
+from vrl.remote.base import RemoteStore, redact, require_remote
 from vrl.remote.errors import RemoteConfigError, UnknownRemoteError
 from vrl.remote.stores import check_options, check_url, open_remote
 from vrl.repo import Repo
@@ -63,12 +63,10 @@ def add_remote(repo: Repo, name: str, url: str, options: dict[str, str] | None =
             raise RemoteConfigError(f"invalid option name {key!r}")
         repo.config.set(_section(name), key, str(value))
     if create:
-        from vrl.remote.transfer import check_remote
-
         try:
             store = open_named(repo, name)
             try:
-                check_remote(store, create=True, branch=repo.current_branch() or "main")
+                require_remote(store, create=True, branch=repo.current_branch() or "main")
             finally:
                 store.close()
         except BaseException:

@@ -27,7 +27,15 @@ from vrl.errors import CorruptObjectError, RefConflictError, VrlError
 from vrl.gclock import writes
 from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, is_object_id, parse_header
 from vrl.refs import short_ref
-from vrl.remote.base import MAX_REF_BYTES, KeyMissing, RemoteStore, object_key, pack_key, redact
+from vrl.remote.base import (
+    MAX_REF_BYTES,
+    KeyMissing,
+    RemoteStore,
+    object_key,
+    pack_key,
+    redact,
+    require_remote,
+)
 from vrl.remote.errors import NonFastForwardError, RemoteError, RemoteObjectMissingError
 from vrl.remote.packs import PackReader, RemotePacks, cache_dir
 from vrl.repo import Repo, register_fetchers
@@ -261,29 +269,6 @@ def _full_ref(repo: Repo, name: str, like: str | None = None) -> str:
     raise VrlError(f"nothing to push called {name!r}: not a local branch or tag")
 
 
-def check_remote(store: RemoteStore, *, create: bool = False, branch: str = "main",
-                 doing: str = "push to") -> None:
-    """Refuse to treat a mistyped location as a remote: it must be a vrl remote already,
-    or (push only) be created on request (`create`) or be an empty directory."""
-    where = redact(store.url)
-    state = store.state()
-    if state == "store":
-        return
-    if state == "other":
-        raise RemoteError(f"cannot {doing} {where}: it is not a vrl remote (it holds other "
-                          "files); check the URL, or use a new or empty location")
-    if doing == "push to" and (create or state == "empty"):
-        store.create(branch)
-        return
-    if doing == "push to":
-        raise RemoteError(f"cannot push to {where}: no vrl remote there; check the URL, or "
-                          "pass --create (`vrl push --create`, or `vrl remote add --create`) "
-                          "to start a new remote there")
-    raise RemoteError(f"cannot {doing} {where}: " + (
-        "it is an empty directory, not a vrl remote" if state == "empty" else
-        "no vrl repository or remote there (nothing has been pushed)") + "; check the URL")
-
-
 def push(repo: Repo, store: RemoteStore, remote_name: str, refs: Iterable[str] = (), *,
          all_branches: bool = False, tags: bool = False, force: bool = False,
          jobs: int = DEFAULT_JOBS, progress: Progress | None = None,
@@ -316,7 +301,7 @@ def push(repo: Repo, store: RemoteStore, remote_name: str, refs: Iterable[str] =
         plans.append((local_ref, remote_ref, tip, remote_tip, token, status))
     if not any(p[3] for p in plans):  # none of our refs is there yet: is it a remote?
         heads = [p[1] for p in plans if p[1].startswith("refs/heads/")]
-        check_remote(store, create=create, branch=short_ref(heads[0]) if heads else "main")
+        require_remote(store, create=create, branch=short_ref(heads[0]) if heads else "main")
 
     pending = [p for p in plans if p[5] != "up-to-date"]
     if pending:
@@ -655,7 +640,7 @@ def fetch(repo: Repo, store: RemoteStore, remote_name: str, *, metadata_only: bo
     result = TransferResult()
     remote_refs = store.list_refs()
     if not remote_refs:
-        check_remote(store, doing="fetch from")
+        require_remote(store, doing="fetch from")
     lazy = metadata_only or repo.config.flag("core", "partial")
     reader = _reader(repo, store, jobs)  # lists the packs at the first object it needs
     commits, new_commits = _walk_history(repo, reader, remote_refs, jobs)
@@ -920,7 +905,7 @@ def clone(url: str, directory: str | Path | None = None, *, branch: str | None =
     probe = open_remote(url, options)
     try:  # before anything is created here: a typo must not leave a half-made clone
         if probe.state() != "store":
-            check_remote(probe, doing="clone")
+            require_remote(probe, doing="clone")
     finally:
         probe.close()
     created = not target.exists()

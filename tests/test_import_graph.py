@@ -41,7 +41,7 @@ def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
         node = todo.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                todo.extend(child.orelse)
+                todo.append(ast.Module(body=child.orelse, type_ignores=[]))
             elif isinstance(child, (ast.Import, ast.ImportFrom)):
                 found.append(child)
             else:

@@ -142,16 +142,10 @@ class CommitEngine:
         self._trusted = False
 
     # ------------------------------------------------------------------ snapshots
-    def snapshot(self, state: Any, *, rehash: bool = False, write: bool = True
+    def snapshot(self, state: Any, *, write: bool = True
                  ) -> tuple[ObjectId, Manifest, set[ObjectId]]:
-        """Store every tensor of `state` and its manifest; return (id, manifest, new ids).
-
-        `state` may be a safetensors file opened by vrl.workspace.open_checkpoint (hashed
-        from its memory map, no torch; its header is kept so checkout gives the file back),
-        or a `FlatState` (already flattened, as the Snapshotter's committer sends it). With
-        write=False nothing is stored (used to compare a workspace file with HEAD).
-        `rehash` is accepted for compatibility and ignored: every byte is always read.
-        """
+        """Store every tensor of `state` and its manifest (`Repo.snapshot`); return (id,
+        manifest, ids newly written). With write=False nothing is stored."""
         views = None
         if isinstance(state, FlatState):
             tensors, tree, ties = state
@@ -295,15 +289,10 @@ class CommitEngine:
                hparams: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None,
                step: int | None = None, env: bool | dict[str, Any] = True,
                meta: dict[str, Any] | None = None, allow_empty: bool = False,
-               rehash: bool = False, threshold: float | None = None, ref: str = "HEAD",
-               author: str | None = None, time: str | None = None) -> ObjectId:
-        """Snapshot a model / state dict / checkpoint (plus optimizer) as a new commit.
-
-        The ref (HEAD's branch by default) moves by compare-and-swap; if another process
-        committed meanwhile, this commit is re-parented onto theirs (layer statistics are
-        recomputed) so neither is lost. Every byte of every tensor is read (a write through
-        `.data` is never missed); `rehash` is kept for compatibility and does nothing.
-        """
+               threshold: float | None = None, ref: str = "HEAD", author: str | None = None,
+               time: str | None = None) -> ObjectId:
+        """`Repo.commit`: snapshot `state` (plus optimizer) as a new commit on `ref`, moved
+        by compare-and-swap; a lost swap re-parents this commit onto the winner's."""
         # metadata problems are found before anything is written
         if not isinstance(message, str):
             raise MetadataError(f"commit message must be a string, not "
@@ -341,7 +330,7 @@ class CommitEngine:
 
         ok = False
         try:
-            mid, manifest, new_ids = self.snapshot(state, rehash=rehash)
+            mid, manifest, new_ids = self.snapshot(state)
             threshold = self.repo.threshold if threshold is None else threshold
 
             def layer_stats(parent: ObjectId | None) -> tuple[dict[str, Any], str | None]:

@@ -18,6 +18,7 @@ from vrl import Repo, safetensors_file
 from vrl.errors import CorruptObjectError
 from vrl.repo import MMAP_MIN
 from vrl.safetensors_file import FileSlice
+from vrl.tensors import file_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +111,7 @@ def test_snapshot_from_memory_exports_big_tensors_in_the_canonical_layout(ws):
     state = {"model": arrays(1), "step": 3}
     first = repo.commit(state, env=False)
     repo.export(first, ws / "a.safetensors")
-    back = safetensors_file.read_file(ws / "a.safetensors").state()
+    back = file_state(safetensors_file.read_file(ws / "a.safetensors"))
     for name, value in arrays(1).items():
         assert bytes(back["model"][name].data) == value.tobytes(), name
     assert repo.snapshot(safetensors_file.read_file(ws / "a.safetensors"), write=False)[0] \

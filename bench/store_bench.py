@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vrl import Repo
-from vrl.hooks import Snapshotter
+from vrl.snapshotter import Snapshotter
 
 
 def median_time(fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None,

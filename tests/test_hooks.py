@@ -68,12 +68,24 @@ def test_restoring_rng_state_reproduces_random_draws():
     assert (random.random(), np.random.rand(), torch.rand(1)) == a
 
 
-def test_unchanged_layers_are_not_copied_or_rehashed(repo, monkeypatch, committer):
+def test_vrl_hooks_still_names_what_moved_out_of_it():
+    import vrl.handover
     import vrl.hooks
+    import vrl.rng
+    import vrl.snapshotter
+
+    assert vrl.hooks.Snapshotter is vrl.snapshotter.Snapshotter
+    assert vrl.hooks.process_mode_available is vrl.handover.process_mode_available
+    assert (vrl.hooks.rng_state, vrl.hooks.set_rng_state) == (vrl.rng.rng_state,
+                                                              vrl.rng.set_rng_state)
+
+
+def test_unchanged_layers_are_not_copied_or_rehashed(repo, monkeypatch, committer):
+    import vrl.snapshotter
 
     copied = []
-    real_copy = vrl.hooks._copy_all
-    monkeypatch.setattr(vrl.hooks, "_copy_all",
+    real_copy = vrl.snapshotter._copy_all
+    monkeypatch.setattr(vrl.snapshotter, "_copy_all",
                         lambda pairs: (copied.extend(tuple(v.shape) for _, v in pairs),
                                        real_copy(pairs)))
     model = small_policy()
@@ -299,7 +311,7 @@ def test_every_write_is_committed_by_the_snapshotter(repo, kind, committer, sett
 
 def test_landed_snapshots_are_checked_by_digest_and_their_copies_released(
         repo, monkeypatch, committer):
-    import vrl.hooks
+    import vrl.snapshotter
 
     state = exact_state()
     with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
@@ -309,7 +321,7 @@ def test_landed_snapshots_are_checked_by_digest_and_their_copies_released(
         def no_byte_compare(value, held):
             raise AssertionError("byte-compared although the digest was back")
 
-        monkeypatch.setattr(vrl.hooks, "_same_bytes", no_byte_compare)
+        monkeypatch.setattr(vrl.snapshotter, "_same_bytes", no_byte_compare)
         state["w"].data[3, 4] += 1.0  # unseen by the version counter
         snap.step(1)
         snap.flush()
@@ -326,16 +338,16 @@ def test_landed_snapshots_are_checked_by_digest_and_their_copies_released(
 def test_a_landed_snapshots_region_is_reused_by_the_next(repo, monkeypatch, committer):
     """When every tensor changes and each commit lands before the next snapshot, one
     shared-memory region serves them all (no fresh memory to populate in the loop)."""
-    import vrl.hooks
+    import vrl.snapshotter
 
     made = []
 
-    class Counted(vrl.hooks._Region):
+    class Counted(vrl.snapshotter._Region):
         def __init__(self, size, shared):
             made.append(size)
             super().__init__(size, shared)
 
-    monkeypatch.setattr(vrl.hooks, "_Region", Counted)
+    monkeypatch.setattr(vrl.snapshotter, "_Region", Counted)
     state = exact_state()
     with Snapshotter(repo, state_fn=lambda: state, committer=committer) as snap:
         for i in range(4):
@@ -681,7 +693,7 @@ def test_every_committer_thread_yields_to_training(repo):
 def test_the_committer_process_starts_no_thread_pools(repo, monkeypatch):
     """numpy's import would start an OpenBLAS thread per core in the committer (they spin
     on the trainer's cores), whatever the trainer's own settings say."""
-    from vrl.hooks import THREAD_POOL_VARS
+    from vrl.snapshotter import THREAD_POOL_VARS
 
     for name in THREAD_POOL_VARS:
         monkeypatch.setenv(name, "4")
@@ -798,7 +810,7 @@ def test_a_hand_over_whose_copy_fails_loses_no_later_change(repo, monkeypatch, c
     """The copy fails (a device error, say): that snapshot raises, nothing of it is
     committed, the next one still sees every write since the last that landed, and the
     failed one's region is not leaked."""
-    import vrl.hooks
+    import vrl.snapshotter
 
     state = exact_state()
     before = snapshot_memfds()
@@ -810,11 +822,11 @@ def test_a_hand_over_whose_copy_fails_loses_no_later_change(repo, monkeypatch, c
         def broken(pairs):
             raise RuntimeError("copy failed")
 
-        real = vrl.hooks._copy_all
-        monkeypatch.setattr(vrl.hooks, "_copy_all", broken)
+        real = vrl.snapshotter._copy_all
+        monkeypatch.setattr(vrl.snapshotter, "_copy_all", broken)
         with pytest.raises(RuntimeError, match="copy failed"):
             snap.step(1)
-        monkeypatch.setattr(vrl.hooks, "_copy_all", real)
+        monkeypatch.setattr(vrl.snapshotter, "_copy_all", real)
         snap.step(2)
     assert snapshot_memfds() == before
     assert len(repo.log()) == 2
@@ -881,13 +893,13 @@ def test_digests_of_live_tensors_are_xxh3_of_their_bytes(monkeypatch, path):
     import numpy as np
     import xxhash
 
-    import vrl.hooks
+    import vrl.bytecheck
 
     if path == "parallel":
-        monkeypatch.setattr(vrl.hooks, "PARALLEL_DIGEST_MIN", 0)
-        monkeypatch.setattr(vrl.hooks, "_cores", lambda: 4)
+        monkeypatch.setattr(vrl.bytecheck, "PARALLEL_DIGEST_MIN", 0)
+        monkeypatch.setattr(vrl.bytecheck, "_cores", lambda: 4)
     elif path == "module":  # no C function to call: xxhash's own digest
-        monkeypatch.setattr(vrl.hooks, "_C_XXH3", [None])
+        monkeypatch.setattr(vrl.bytecheck, "_C_XXH3", [None])
     g = torch.Generator().manual_seed(3)
     base = torch.randn(64, 48, generator=g)
     values = [base, base.t(), base[::3, 5:], torch.zeros(0), torch.arange(7, dtype=torch.int8),
@@ -898,7 +910,7 @@ def test_digests_of_live_tensors_are_xxh3_of_their_bytes(monkeypatch, path):
             return value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         return np.ascontiguousarray(value).tobytes()
 
-    got = vrl.hooks._digests(values)
+    got = vrl.bytecheck._digests(values)
     assert got == [xxhash.xxh3_128_digest(raw(v)) for v in values]
     assert len(set(got)) == len(got)
 
@@ -908,10 +920,10 @@ def test_every_write_is_committed_when_digests_run_on_several_threads(repo, kind
                                                                       monkeypatch):
     import random
 
-    import vrl.hooks
+    import vrl.bytecheck
 
-    monkeypatch.setattr(vrl.hooks, "PARALLEL_DIGEST_MIN", 0)
-    monkeypatch.setattr(vrl.hooks, "_cores", lambda: 4)
+    monkeypatch.setattr(vrl.bytecheck, "PARALLEL_DIGEST_MIN", 0)
+    monkeypatch.setattr(vrl.bytecheck, "_cores", lambda: 4)
     state = {**exact_state(), **{f"b{i}": torch.full((100,), float(i)) for i in range(6)}}
     rng = random.Random(kind)
     expected = []

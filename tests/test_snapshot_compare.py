@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vrl import Repo
-from vrl.hooks import Snapshotter, _memcmp, _same_bytes
+from vrl.bytecheck import _memcmp, _same_bytes
+from vrl.snapshotter import Snapshotter
 
 
 def test_same_bytes_by_memcmp_finds_every_flipped_byte(monkeypatch):

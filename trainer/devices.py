@@ -85,34 +85,3 @@ def manual_seed_all(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-
-def rng_state() -> dict:
-    """Global RNG states as tensors and JSON-able values (friendly to tensor stores)."""
-    import random
-
-    import numpy as np
-
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(internal), gauss],
-             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)),
-                       "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    import random
-
-    import numpy as np
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -2,7 +2,8 @@
 
 Every `every` iterations it snapshots the complete trainer state (model, optimizer and
 algorithm state, every RNG, counters, environment state) with the resolved config as
-hyperparameters and the iteration's metrics, through a background `vrl.Snapshotter`.
+hyperparameters and the iteration's metrics, through a background
+`vrl.snapshotter.Snapshotter`.
 The best snapshot by `best_metric` carries a tag that moves with it (`best/<branch>` unless
 `best_tag` says otherwise; a tag the Snapshotter did not set is never moved); `keep_last`
 applies retention as the run goes.
@@ -20,7 +21,7 @@ from trainer.hooks import Hook
 from trainer.train import RETURN_METRIC, STATE_VERSION, Trainer
 from vrl import Repo
 from vrl.errors import VrlError
-from vrl.hooks import Snapshotter
+from vrl.snapshotter import Snapshotter
 
 META_KEY = "trainer"
 """Commit metadata key that marks a training snapshot (``--from`` / ``vrl eval`` read it)."""

@@ -26,11 +26,12 @@ from trainer.agent import Agent, layer_params
 from trainer.algos import make_algo
 from trainer.algos.ppo import RolloutBuffer
 from trainer.config import ConfigError, PPOConfig, config_to_dict
-from trainer.devices import Precision, manual_seed_all, rng_state, set_rng_state
+from trainer.devices import Precision, manual_seed_all
 from trainer.distributed import DistContext
 from trainer.envs.base import VecEnv, action_mask_of, alive_of, continuous_of, state_dict_of
 from trainer.hooks import Hook
 from trainer.normalize import Normalizer
+from vrl.rng import rng_state, set_rng_state
 
 STATE_VERSION = 1
 RETURN_METRIC = "charts/return"
@@ -339,7 +340,7 @@ class Trainer:
             "algo": algo,
             "rng": {"action": self.action_generator.get_state(),
                     "update": self.update_generator.get_state(),
-                    "global": rng_state()},
+                    "global": rng_state(tensors=True)},
             "env": state_dict_of(self.env),
             "next_obs": self.next_obs.detach().clone(),
             "episode_returns": list(self.episode_returns),

@@ -54,9 +54,9 @@ def test_global_rng_state_round_trip():
 
     import numpy as np
 
-    from trainer.devices import rng_state, set_rng_state
+    from vrl.rng import rng_state, set_rng_state
 
-    state = rng_state()
+    state = rng_state(tensors=True)  # the form the trainer stores
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a

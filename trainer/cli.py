@@ -23,13 +23,27 @@ from typing import Any
 import click
 import yaml
 
+from trainer.config import DirtyLayerConfig
+
 HELP = {"help_option_names": ["-h", "--help"]}
 # options that a snapshot does not store, so a resume command must repeat them
+# (the --dirty-* aliases set config keys, which a snapshot stores)
 RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
-               "best_metric", "dirty_layers", "dirty_threshold", "dirty_window",
-               "dirty_refresh", "dirty_criterion", "dirty_drift", "dirty_warmup",
-               "dirty_prefix_only", "dirty_max_depth", "dirty_networks", "progress",
-               "log_every")
+               "best_metric", "progress", "log_every")
+# --dirty-* options: thin aliases of `--set dirty.KEY=VALUE` (trainer.config.DirtyLayerConfig
+# holds the defaults; an alias not given sets nothing)
+_DIRTY = DirtyLayerConfig()  # for the help texts only
+
+
+def _onoff(value: bool) -> str:
+    return "on" if value else "off"
+
+
+DIRTY_ALIASES = {"dirty_layers": "enabled", "dirty_threshold": "threshold",
+                 "dirty_window": "window", "dirty_refresh": "refresh",
+                 "dirty_criterion": "criterion", "dirty_drift": "drift",
+                 "dirty_warmup": "warmup", "dirty_prefix_only": "prefix_only",
+                 "dirty_max_depth": "max_depth", "dirty_networks": "networks"}
 
 
 class Terminated(Exception):
@@ -86,7 +100,7 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     ``base`` is a stored config (``vrl train --from``) that --config and --set override."""
     import torch
 
-    from trainer.config import CONFIGS, load_config
+    from trainer.config import CONFIGS, config_to_dict, fold_flat_dirty, load_config
     from trainer.devices import resolve_device
     from trainer.distributed import init_distributed
     from trainer.envs import make_env
@@ -99,7 +113,7 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
     if base is not None and algo in CONFIGS:
         # a stored config of another algorithm (or an older trainer): keep what still fits
         names = {f.name for f in dataclasses.fields(CONFIGS[algo])}
-        base = {k: v for k, v in base.items() if k in names}
+        base = {k: v for k, v in fold_flat_dirty(base).items() if k in names}
     overrides = tuple(overrides)
     if steps is not None:
         overrides += (f"total_steps={steps}",)  # validated like any other field
@@ -129,7 +143,7 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
             out_dir = Path(out)
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "config.yaml").write_text(yaml.safe_dump(
-                {"algo": algo, "env_spec": env, **dataclasses.asdict(config)}, sort_keys=False))
+                {"algo": algo, "env_spec": env, **config_to_dict(config)}, sort_keys=False))
             hooks.append(JSONLLogger(out_dir))
             try:
                 hooks.append(TensorBoardLogger(out_dir / "tb"))
@@ -188,27 +202,39 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
               help="retention: keep the tensors of the last N snapshots (and tagged ones)")
 @click.option("--best-metric", default="charts/return", show_default=True,
               help="the snapshot best by this metric carries tag best/<branch>")
-@click.option("--dirty-layers/--no-dirty-layers", default=False, show_default=True,
-              help="freeze layers whose change over recent snapshots is not material")
-@click.option("--dirty-threshold", type=float, default=0.02, show_default=True)
-@click.option("--dirty-window", type=int, default=3, show_default=True)
-@click.option("--dirty-refresh", type=int, default=10, show_default=True)
+@click.option("--dirty-layers/--no-dirty-layers", default=None,
+              help="freeze layers whose change over recent snapshots is not material "
+                   "(= --set dirty.enabled=true|false; the other dirty.* keys: "
+                   f"trainer.config.DirtyLayerConfig) [default: {_onoff(_DIRTY.enabled)}]")
+@click.option("--dirty-threshold", type=float, default=None,
+              help=f"= --set dirty.threshold=X [default: {_DIRTY.threshold}]")
+@click.option("--dirty-window", type=int, default=None,
+              help=f"= --set dirty.window=N [default: {_DIRTY.window}]")
+@click.option("--dirty-refresh", type=int, default=None,
+              help=f"= --set dirty.refresh=N [default: {_DIRTY.refresh}]")
 @click.option("--dirty-criterion", type=click.Choice(["threshold", "plasticity", "drift"]),
-              default="threshold", show_default=True,
-              help="threshold: one global relative change; plasticity: a layer's recent "
-              "movement over its own earlier movement; drift: net change over path length "
-              "in the window (still travelling or only jittering); all from commit statistics")
-@click.option("--dirty-drift", type=float, default=0.6, show_default=True,
-              help="drift criterion: freeze a layer whose drift is below this")
-@click.option("--dirty-warmup", type=int, default=5, show_default=True,
-              help="iterations of this run (or fork) before any layer is frozen")
-@click.option("--dirty-prefix-only/--no-dirty-prefix-only", default=False, show_default=True,
-              help="freeze only input-side layers (the backward pass stops before them)")
+              default=None,
+              help=f"= --set dirty.criterion=NAME [default: {_DIRTY.criterion}]. threshold: "
+              "one global relative change; plasticity: a layer's recent movement over its "
+              "own earlier movement; drift: net change over path length in the window (still "
+              "travelling or only jittering); all from commit statistics")
+@click.option("--dirty-drift", type=float, default=None,
+              help="= --set dirty.drift=X: drift criterion: freeze a layer whose drift is "
+                   f"below this [default: {_DIRTY.drift}]")
+@click.option("--dirty-warmup", type=int, default=None,
+              help="= --set dirty.warmup=N: iterations of this run (or fork) before any "
+                   f"layer is frozen [default: {_DIRTY.warmup}]")
+@click.option("--dirty-prefix-only/--no-dirty-prefix-only", default=None,
+              help="= --set dirty.prefix_only=true|false: freeze only input-side layers "
+                   "(the backward pass stops before them) "
+                   f"[default: {_onoff(_DIRTY.prefix_only)}]")
 @click.option("--dirty-max-depth", type=int, default=None,
-              help="with --dirty-prefix-only: freeze at most N layers of each network")
+              help="= --set dirty.max_depth=N: with --dirty-prefix-only, freeze at most N "
+                   "layers of each network [default: no limit]")
 @click.option("--dirty-networks", default=None, metavar="NAMES",
-              help="freeze only layers of these networks, comma-separated (e.g. critic: "
-              "the policy keeps all its plasticity); default: any network")
+              help="= --set dirty.networks=NAMES: freeze only layers of these networks, "
+              "comma-separated (e.g. critic: the policy keeps all its plasticity) "
+              "[default: any network]")
 @click.pass_context
 def train(ctx: click.Context, **options: Any) -> None:
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains.
@@ -226,27 +252,23 @@ def train(ctx: click.Context, **options: Any) -> None:
         _train(ctx, latch, **options)
 
 
-NETWORKS = ("actor", "critic")  # the policy's networks (trainer.agent.Agent)
-
-
-def _networks(names: str | None) -> tuple[str, ...] | None:
-    """--dirty-networks as a tuple of network names, or a one-line error."""
-    if names is None:
-        return None
-    chosen = tuple(n.strip() for n in names.split(",") if n.strip())
-    unknown = [n for n in chosen if n not in NETWORKS]
-    if not chosen or unknown:
-        raise click.ClickException(f"--dirty-networks: {', '.join(unknown) or 'nothing'} "
-                                   f"is not a network of the policy; choose from "
-                                   f"{', '.join(NETWORKS)}")
-    return chosen
+def dirty_overrides(o: dict[str, Any]) -> tuple[str, ...]:
+    """The ``--dirty-*`` options given, as ``dirty.KEY=VALUE`` overrides (JSON values, which
+    YAML reads back unchanged); options not given add nothing."""
+    out = []
+    for option, key in DIRTY_ALIASES.items():
+        value = o.get(option)
+        if value is None:
+            continue
+        if key == "networks":
+            value = [n.strip() for n in value.split(",") if n.strip()]
+        out.append(f"dirty.{key}={json.dumps(value)}")
+    return tuple(out)
 
 
 def _check_run_options(o: dict[str, Any]) -> None:
-    _networks(o["dirty_networks"])
     for name, low in (("iterations", 1), ("snapshot_every", 1), ("keep_last", 1),
-                      ("threads", 1), ("log_every", 0), ("dirty_window", 1),
-                      ("dirty_refresh", 1), ("dirty_warmup", 0), ("dirty_max_depth", 1)):
+                      ("threads", 1), ("log_every", 0)):
         if o[name] is not None and o[name] < low:
             flag = "--" + name.replace("_", "-")
             raise click.ClickException(f"{flag} must be at least {low}, got {o[name]}")
@@ -294,7 +316,9 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
         base["env"] = {}  # the stored env options belong to the stored env
     try:
         with one_line_errors(ValueError, ImportError, RuntimeError):  # e.g. --device cuda
-            trainer, dist = build(env, o["algo"], o["config_path"], o["overrides"],
+            # the --dirty-* aliases come after --set, as --steps and --seed do
+            overrides = tuple(o["overrides"]) + dirty_overrides(o)
+            trainer, dist = build(env, o["algo"], o["config_path"], overrides,
                                   o["steps"], o["seed"], o["device"], o["precision"],
                                   o["out"], o["progress"], o["log_every"], base=base,
                                   threads=o["threads"], preset=o["preset"])
@@ -305,6 +329,10 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
     if untracked and dist.is_main:
         click.echo("vrl: not in a vrl repository, so no snapshots are kept "
                    "(`vrl init` first to keep them)", err=True)
+    if trainer.config.dirty.enabled and (repo is None or o["store"] is False) \
+            and dist.is_main:
+        click.echo("vrl: dirty-layer training decides from the stored snapshots, so it is "
+                   "off without a store", err=True)
     if run is not None:
         state = repo.load(run.commit)
         check_fits(trainer, state, run, o["from_rev"])
@@ -442,7 +470,7 @@ def _store_hooks(trainer, repo, run, o):
     (and dirty-layer) hooks in front of the others, so they see each iteration first."""
     import time
 
-    from trainer.dirty_layers import DirtyLayerConfig, DirtyLayerController
+    from trainer.dirty_layers import DirtyLayerController
     from trainer.store_hook import StoreHook
     from vrl.errors import RefConflictError
 
@@ -480,13 +508,8 @@ def _store_hooks(trainer, repo, run, o):
                      best_metric=o["best_metric"] or None, best_tag=f"best/{branch}",
                      keep_last=o["keep_last"])
     hooks = [hook]
-    if o["dirty_layers"]:
-        hooks.append(DirtyLayerController(hook, DirtyLayerConfig(
-            threshold=o["dirty_threshold"], window=o["dirty_window"],
-            refresh=o["dirty_refresh"], criterion=o["dirty_criterion"],
-            drift=o["dirty_drift"], warmup=o["dirty_warmup"],
-            prefix_only=o["dirty_prefix_only"], max_depth=o["dirty_max_depth"],
-            networks=_networks(o["dirty_networks"]))))
+    if trainer.config.dirty.enabled:  # the config's dirty section (--dirty-* / dirty.*)
+        hooks.append(DirtyLayerController(hook, trainer.config.dirty))
     trainer.hooks[:0] = hooks
     if continuing:
         note = f" (continuing at iteration {trainer.iteration}, step {trainer.global_step})"

@@ -4,7 +4,9 @@ Each field's docstring is the documentation (CleanRL style). ``load_config``
 merges, in order: the dataclass defaults, a YAML file, then ``--set key=value``
 overrides. Values are parsed as YAML 1.2 values (``3e-4`` is a float, unlike PyYAML's
 YAML 1.1) and checked against the field's type.
-Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment factory.
+Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment factory;
+keys ``dirty.<name>`` to the ``dirty`` section (:class:`DirtyLayerConfig`, dirty-layer
+training), whose fields and defaults are defined once, here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,93 @@ from vrl.errors import VrlError
 
 class ConfigError(VrlError, ValueError):
     """A configuration key or value is invalid (one line: the CLI prints it as it is)."""
+
+
+CRITERIA = ("threshold", "plasticity", "drift")
+NETWORKS = ("actor", "critic")  # the policy's networks (trainer.agent.Agent)
+
+# The allowed range of each numeric field of DirtyLayerConfig (as RANGES below).
+DIRTY_RANGES: dict[str, str] = {
+    "threshold": "[0, inf)",
+    "window": "[1, inf)",
+    "plasticity": "[0, inf)",
+    "drift": "[0, inf)",
+    "reference": "[1, inf)",
+    "max_depth": "[1, inf)",
+    "refresh": "[1, inf)",
+    "min_active": "[0, inf)",
+    "warmup": "[0, inf)",
+}
+
+
+@dataclass
+class DirtyLayerConfig:
+    """Settings of dirty-layer training (:mod:`trainer.dirty_layers`): the ``dirty``
+    section of the trainer config (``--set dirty.threshold=0.01``, a ``dirty:`` mapping in
+    a --config file or preset; ``vrl train --dirty-*`` are aliases of these keys). These
+    dataclass defaults are the only defaults."""
+
+    enabled: bool = False
+    """``vrl train`` adds the dirty-layer controller (``--dirty-layers``); a
+    DirtyLayerController built directly runs whatever this says"""
+    criterion: str = "threshold"
+    """"threshold" (one global relative-change threshold), "plasticity" (a layer's
+    recent movement relative to its own earlier movement) or "drift" (net change over
+    path length: still travelling or only jittering)"""
+    threshold: float = 0.02
+    """threshold criterion: relative change over the window above which a layer trains"""
+    window: int = 3
+    """snapshots compared (threshold) or a layer's recent training iterations averaged
+    (plasticity) or measured (drift)"""
+    plasticity: float = 0.5
+    """plasticity criterion: freeze when recent movement / earlier movement is below this"""
+    drift: float = 0.6
+    """drift criterion: freeze when net change / path length over the window is below
+    this (pure noise over `window` steps gives ~1/sqrt(window))"""
+    reference: int = 4
+    """plasticity criterion: the layer's first training iterations (in this run) that form
+    the reference movement"""
+    lr_normalise: bool = True
+    """plasticity criterion: divide each movement by that iteration's learning rate"""
+    prefix_only: bool = False
+    """freeze only input-side prefixes of each network (the backward pass stops before
+    them); other candidates keep training"""
+    max_depth: int | None = None
+    """with prefix_only: freeze at most this many layers of each network, front to back
+    (None: no limit)"""
+    networks: tuple[str, ...] | None = None
+    """freeze only layers of these networks, e.g. ("critic",) so the policy keeps all of
+    its plasticity (None: any network; ``--set dirty.networks=critic,actor`` or
+    ``[critic]``)"""
+    refresh: int = 10
+    """every `refresh` iterations of this run all layers train (so frozen layers can come
+    back)"""
+    min_active: int = 1
+    """layers that always train (the ones that moved most)"""
+    warmup: int = 5
+    """iterations of this run (counted from where it started or branched, not from the
+    snapshot's iteration counter) before any layer may be frozen"""
+    prefix: str = "model/"
+    """where the model's tensors live in the snapshot tree"""
+    sync: bool = False
+    """wait for the latest snapshot before deciding (exact decisions; the loop waits for
+    the store instead of overlapping with it)"""
+
+    def __post_init__(self) -> None:
+        if self.networks is not None:
+            self.networks = tuple(self.networks)
+        if self.criterion not in CRITERIA:
+            raise ConfigError(f"unknown dirty-layer criterion {self.criterion!r} "
+                              f"(dirty.criterion); choose from {', '.join(CRITERIA)}")
+        for name, interval in DIRTY_RANGES.items():
+            value = getattr(self, name)
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(value) or not _in_range(value, interval):
+                raise ConfigError(f"dirty.{name} must be in {interval}, got {value!r}")
+        if self.networks is not None and not self.networks:
+            raise ConfigError("dirty-layer networks must name at least one network "
+                              "(or be None: any network)")
 
 
 @dataclass
@@ -92,6 +181,9 @@ class PPOConfig:
     """episodes per evaluation (the warehouse evaluates one episode per env)"""
     env: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for the environment factory (``--set env.num_agents=10``)"""
+    dirty: DirtyLayerConfig = field(default_factory=DirtyLayerConfig)
+    """dirty-layer training (``--set dirty.enabled=true --set dirty.threshold=0.01``;
+    the fields of :class:`DirtyLayerConfig`)"""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -231,6 +323,11 @@ def validate(config: PPOConfig) -> None:
             if not math.isfinite(v) or not _in_range(v, interval):
                 what = "each width of hidden_sizes" if f.name == "hidden_sizes" else f.name
                 raise ConfigError(f"{what} must be in {interval}, got {v!r}")
+    networks = getattr(getattr(config, "dirty", None), "networks", None) or ()
+    unknown = [n for n in networks if n not in NETWORKS]
+    if unknown:
+        raise ConfigError(f"dirty.networks: {', '.join(unknown)} is not a network of the "
+                          f"policy; choose from {', '.join(NETWORKS)}")
     lo, hi = getattr(config, "radius_min_scale", 1), getattr(config, "radius_max_scale", 1)
     if lo > hi:
         raise ConfigError(f"radius_min_scale ({lo}) must not exceed radius_max_scale ({hi})")
@@ -254,6 +351,14 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{name}: expected a list, got {value!r}")
         return [_coerce(name, v, args[0]) for v in value]
+    if origin is tuple:  # tuple[str, ...]: a list, or a comma-separated string
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return tuple(_coerce(name, v, args[0]) for v in value)
+    if dataclasses.is_dataclass(tp):
+        return _section(name, value, tp)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{name}: expected a mapping, got {value!r}")
@@ -267,6 +372,42 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
     if tp in (int, float, str) and not isinstance(value, tp):
         raise ConfigError(f"{name}: expected {tp.__name__}, got {value!r}")
     return value
+
+
+def _section(name: str, value: Any, cls: type) -> Any:
+    """A nested section (``dirty``) from a mapping, rejecting unknown keys in one line."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}: expected a mapping of {name}.* keys, got {value!r}")
+    types = _field_types(cls)
+    kwargs = {}
+    for key, item in value.items():
+        if key not in types:
+            raise ConfigError(f"unknown config key {name}.{key}; valid {name}.* keys: "
+                              f"{', '.join(types)}")
+        kwargs[key] = _coerce(f"{name}.{key}", item, types[key])
+    return cls(**kwargs)
+
+
+def fold_flat_dirty(values: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with the dirty-layer settings in the ``dirty`` section: older runs
+    have none (the defaults apply) or flat keys (``dirty_layers`` for ``enabled``,
+    ``dirty_<field>``), which are moved into it; the section's own values win."""
+    names = {f.name for f in dataclasses.fields(DirtyLayerConfig)}
+    out: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        sub = "enabled" if key == "dirty_layers" else key[6:] if key.startswith("dirty_") \
+            else None
+        if sub in names:
+            flat[sub] = value
+        else:
+            out[key] = value
+    if flat:
+        section = out.get("dirty")
+        out["dirty"] = {**flat, **(section if isinstance(section, dict) else {})}
+    return out
 
 
 def config_from_dict(algo: str, values: dict[str, Any]) -> PPOConfig:
@@ -313,12 +454,16 @@ def load_config(
     the named ``preset`` (trainer/presets/NAME.yaml), then the YAML file at ``path``, then
     ``key=value`` overrides."""
     values: dict[str, Any] = {k: v for k, v in (base or {}).items() if k != "algo"}
+    if isinstance(values.get("dirty"), DirtyLayerConfig):
+        values["dirty"] = dataclasses.asdict(values["dirty"])
     if preset is not None:
         from trainer.presets import load_preset
 
         for key, value in load_preset(preset).items():
             if key == "env":
                 values["env"] = {**(values.get("env") or {}), **value}
+            elif key == "dirty":
+                _merge_dirty(values, value)
             elif key != "algo":
                 values[key] = value
     if path is not None:
@@ -327,20 +472,44 @@ def load_config(
             raise ConfigError(f"{path}: expected a mapping at the top level")
         loaded.pop("algo", None)
         loaded.pop("env_spec", None)  # the env to build (the CLI reads it), not a field
+        if "dirty" in loaded:
+            _merge_dirty(values, loaded.pop("dirty"))
         values.update(loaded)
     env = dict(values.pop("env", None) or {})
     for text in overrides:
         key, value = parse_override(text)
         if key.startswith("env."):
             env[key[4:]] = value
+        elif key.startswith("dirty."):
+            _merge_dirty(values, {key[6:]: value})
+        elif key == "dirty":
+            _merge_dirty(values, value)
         else:
             values[key] = value
     values["env"] = env
     return config_from_dict(algo, values)
 
 
+def _merge_dirty(values: dict[str, Any], section: Any) -> None:
+    """Lay the ``dirty`` mapping ``section`` over ``values["dirty"]`` (key by key)."""
+    before = values.get("dirty")
+    if isinstance(section, dict) and isinstance(before, dict):
+        values["dirty"] = {**before, **section}
+    else:
+        values["dirty"] = section  # not a mapping: config_from_dict reports it
+
+
 def config_to_dict(config: PPOConfig) -> dict[str, Any]:
     """Plain mapping of every field plus ``algo`` (for logs and snapshots)."""
-    out = dataclasses.asdict(config)
+    out = _plain(dataclasses.asdict(config))
     out["algo"] = config.algo
     return out
+
+
+def _plain(value: Any) -> Any:
+    """Tuples (``dirty.networks``) as lists, so YAML and JSON writers take the mapping."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -29,6 +29,9 @@ rollout and autograd never enters it, which saves its forward recomputation and 
 backward pass. A frozen layer in the middle saves only its weight gradient and optimizer
 step, since the backward pass still runs through it to the trainable layers before it.
 
+The settings are :class:`DirtyLayerConfig` (defined in :mod:`trainer.config`, where it is
+the ``dirty`` section of the trainer config: ``vrl train --set dirty.threshold=0.01``).
+
 Frozen layers get no gradients, no optimizer step and no Hessian work, and since their
 bytes (weights and Adam moments) do not change, snapshots add no new objects for them.
 Every ``refresh`` iterations all layers train once, so a frozen layer can come back; at
@@ -43,72 +46,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.config import CRITERIA, DirtyLayerConfig
 from trainer.hooks import Hook
+
+__all__ = ["CRITERIA", "DirtyLayerConfig", "DirtyLayerController", "drift",
+           "indexed_movement", "input_side_prefixes", "layer_order", "movement_history",
+           "plasticity"]
 
 if TYPE_CHECKING:
     from trainer.store_hook import StoreHook
     from trainer.train import Trainer
-
-CRITERIA = ("threshold", "plasticity", "drift")
-
-
-@dataclass
-class DirtyLayerConfig:
-    """Settings of the dirty-layer controller."""
-
-    criterion: str = "threshold"
-    """"threshold" (one global relative-change threshold), "plasticity" (a layer's
-    recent movement relative to its own earlier movement) or "drift" (net change over
-    path length: still travelling or only jittering)"""
-    threshold: float = 0.02
-    """threshold criterion: relative change over the window above which a layer trains"""
-    window: int = 3
-    """snapshots compared (threshold) or a layer's recent training iterations averaged
-    (plasticity) or measured (drift)"""
-    plasticity: float = 0.5
-    """plasticity criterion: freeze when recent movement / earlier movement is below this"""
-    drift: float = 0.6
-    """drift criterion: freeze when net change / path length over the window is below
-    this (pure noise over `window` steps gives ~1/sqrt(window))"""
-    reference: int = 4
-    """plasticity criterion: the layer's first training iterations (in this run) that form
-    the reference movement"""
-    lr_normalise: bool = True
-    """plasticity criterion: divide each movement by that iteration's learning rate"""
-    prefix_only: bool = False
-    """freeze only input-side prefixes of each network (the backward pass stops before
-    them); other candidates keep training"""
-    max_depth: int | None = None
-    """with prefix_only: freeze at most this many layers of each network, front to back
-    (None: no limit)"""
-    networks: tuple[str, ...] | None = None
-    """freeze only layers of these networks, e.g. ("critic",) so the policy keeps all of
-    its plasticity (None: any network)"""
-    refresh: int = 10
-    """every `refresh` iterations of this run all layers train (so frozen layers can come
-    back)"""
-    min_active: int = 1
-    """layers that always train (the ones that moved most)"""
-    warmup: int = 5
-    """iterations of this run (counted from where it started or branched, not from the
-    snapshot's iteration counter) before any layer may be frozen"""
-    prefix: str = "model/"
-    """where the model's tensors live in the snapshot tree"""
-    sync: bool = False
-    """wait for the latest snapshot before deciding (exact decisions; the loop waits for
-    the store instead of overlapping with it)"""
-
-    def __post_init__(self) -> None:
-        if self.criterion not in CRITERIA:
-            raise ValueError(f"unknown dirty-layer criterion {self.criterion!r}; choose "
-                             f"from {', '.join(CRITERIA)}")
-        if self.window < 1 or self.reference < 1 or self.refresh < 1:
-            raise ValueError("dirty-layer window, reference and refresh must be >= 1")
-        if self.max_depth is not None and self.max_depth < 1:
-            raise ValueError("dirty-layer max_depth must be >= 1 (or None: no limit)")
-        if self.networks is not None and not self.networks:
-            raise ValueError("dirty-layer networks must name at least one network "
-                             "(or be None: any network)")
 
 
 def layer_order(name: str) -> tuple[str, int]:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import CONFIGS, config_to_dict
+from trainer.config import CONFIGS, config_to_dict, fold_flat_dirty
 from trainer.envs.base import continuous_of
 from trainer.hooks import Hook
 from trainer.train import RETURN_METRIC, STATE_VERSION, Trainer
@@ -170,7 +170,9 @@ def read_run(repo: Repo, rev: str) -> StoredRun:
             f"{rev} ({oid[:12]}) is not a training snapshot (its commit has no trainer "
             "config); give a revision committed by `vrl train`")
     env_spec = hparams.get("env_spec")
-    config = {k: v for k, v in hparams.items() if k not in ("algo", "env_spec")}
+    # runs from before the ``dirty`` section have none (defaults) or flat dirty_* keys
+    config = fold_flat_dirty({k: v for k, v in hparams.items()
+                              if k not in ("algo", "env_spec")})
     return StoredRun(oid, algo, env_spec if isinstance(env_spec, str) else None, config,
                      dict(commit.meta), commit.step)
 

@@ -402,7 +402,7 @@ def test_vrl_train_dirty_drift_max_depth_and_warmup_flags(ws, capsys):
     assert not any(frozen[:3]), frozen  # the warm-up
     assert set().union(*frozen) == {"actor.0", "critic.0"}, frozen
     assert main(["train", *small, "--dirty-layers", "--dirty-max-depth", "0"]) != 0
-    assert "--dirty-max-depth must be at least 1" in capsys.readouterr().err
+    assert "dirty.max_depth must be in [1, inf), got 0" in capsys.readouterr().err
     # --dirty-networks critic: only the critic's layers (its trunk, front to back) freeze
     code = main(["train", *small, "--steps", str(8 * 2 * 16 * 4), "--branch", "c",
                  "--dirty-layers", "--dirty-criterion", "drift", "--dirty-drift", "1.01",

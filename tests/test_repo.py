@@ -182,6 +182,7 @@ def test_branches_checkout_and_reset(repo):
                                   "@", "a@{1}", "", "a*", "a[1]", "a\\b", "end."])
 def test_invalid_ref_names(repo, name):
     commits(repo, 1)
+    repo.sync()  # the commit's ref written out (its temp file gone) before the listing
     with pytest.raises(InvalidRefNameError):
         repo.branch(name)
     with pytest.raises(InvalidRefNameError):

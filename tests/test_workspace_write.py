@@ -14,7 +14,7 @@ import pytest
 from helpers import vrl
 from safetensors.numpy import save_file
 
-from vrl import Repo, safetensors_file
+from vrl import Repo, safetensors_file, tensor_reader
 from vrl.errors import CorruptObjectError
 from vrl.repo import MMAP_MIN
 from vrl.safetensors_file import FileSlice
@@ -69,13 +69,13 @@ def copies(monkeypatch) -> list[int]:
 def verified(monkeypatch) -> list[int]:
     """Sizes of the stored tensors hashed before they were written, from now on."""
     sizes: list[int] = []
-    real = Repo._verify
+    real = tensor_reader.verify_tensor
 
     def spy(entry, buf, offset=0):
         sizes.append(entry.nbytes)
         real(entry, buf, offset)
 
-    monkeypatch.setattr(Repo, "_verify", staticmethod(spy))
+    monkeypatch.setattr(tensor_reader, "verify_tensor", spy)
     return sizes
 
 

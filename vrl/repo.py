@@ -9,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import math
-import mmap
 import os
-import re
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,27 +33,21 @@ from vrl.errors import (
 from vrl.gclock import create_lock_files, writes
 from vrl.journal import Journal, boot_id, create_journal
 from vrl.maintenance import Maintenance
-from vrl.object_store import PACK_MAX, FileObjectStore
+from vrl.object_store import FileObjectStore
 from vrl.objects import (
-    HEADER_SIZE,
     Commit,
     Manifest,
     ObjectId,
     TensorEntry,
-    damaged,
-    hash_object,
-    is_object_id,
-    itemsize,
 )
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref
+from vrl.revisions import Revisions
 from vrl.safetensors_file import FileSlice, RawTensor
-from vrl.tensors import tensor_from_buffer
+from vrl.tensor_reader import TensorReader
 from vrl.workspace import WorkspaceMixin
 
 VRL_DIR = ".vrl"
 METADATA_CACHED = 1 << 10  # commits (and as many manifests) kept parsed in memory
-_REV = re.compile(r"^(?P<base>.*?)(?P<ops>(?:[~^]\d*)*)$")
-_REFLOG_REV = re.compile(r"^(?P<ref>.*)@\{(?P<n>\d+)\}$")
 
 
 class _Bounded(dict):
@@ -157,6 +148,7 @@ class Repo(Maintenance, WorkspaceMixin):
         self._commits: dict[ObjectId, Commit] = _Bounded(METADATA_CACHED)
         self._manifests: dict[ObjectId, Manifest] = _Bounded(METADATA_CACHED)
         self.engine = CommitEngine(self, self._commits, self._manifests, self._journaled)
+        self.reader = TensorReader(self, self.engine)
         # The remote layer installs these (see register_fetchers); the core never imports
         # a transport. fetch_missing: download these ids now (partial clones); its optional
         # second argument maps ids to the (kind, payload size) a manifest promised, so the
@@ -246,146 +238,20 @@ class Repo(Maintenance, WorkspaceMixin):
     def load_entry(self, entry: TensorEntry, verify: bool = False) -> Any:
         """A tensor from the store: memory-mapped (copy-on-write, private) when large.
         `verify`: its bytes are hashed first (CorruptObjectError if they do not match)."""
-        if entry.nbytes >= MMAP_MIN and not self.objects.verify_reads and \
-                self.engine.held_payload(entry.id, read_only=False) is None:
-            _check_entry(entry)
-            mapped = self.objects.map_loose_tensor(entry.id, entry.nbytes)
-            if mapped is not None:
-                if verify:
-                    self._verify(entry, mapped, HEADER_SIZE)
-                return tensor_from_buffer(mapped, entry.dtype, entry.shape, HEADER_SIZE,
-                                          entry.nbytes)
-        buf, offset = self._tensor_buffer(entry)
-        if verify and not self.objects.verify_reads:  # (with it, already hashed)
-            self._verify(entry, buf, offset)
-        return tensor_from_buffer(buf, entry.dtype, entry.shape, offset, entry.nbytes)
+        return self.reader.load_entry(entry, verify)
 
     def read_tensor(self, entry: TensorEntry) -> RawTensor:
-        """A tensor's raw bytes from the store, without torch (memory-mapped when large).
-
-        Read-only use (statistics, diffs): a packed object is read, not mapped, up to
-        PACK_MAX - one pread of a small object costs less than mapping its whole pack
-        (and unmapping it, which stalls every thread of the process)."""
-        buf, offset = self._tensor_buffer(entry, PACK_MAX)
-        data = memoryview(buf)[offset:offset + entry.nbytes]
-        if data.nbytes != entry.nbytes:
-            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
-                                     "wrong size; run `vrl fsck`")
-        return RawTensor(entry.dtype, entry.shape, data)
+        """A tensor's raw bytes from the store, without torch (memory-mapped when large);
+        for read-only use (statistics, diffs)."""
+        return self.reader.read_tensor(entry)
 
     def tensor_chunk(self, entry: TensorEntry) -> memoryview | FileSlice:
-        """A tensor's bytes to write into a file for a person, verified: hashed to its id
-        first (blake3, several GB/s), so damaged bytes are never written
-        (CorruptObjectError). A big one is hashed through a read-only map of its object
-        file and handed over as a slice of that file, which the kernel copies from the
-        same page-cache pages (copy_file_range: not through this process's memory);
-        others are read, hashed and written from memory."""
-        _check_entry(entry)
-        if entry.nbytes >= MMAP_MIN:
-            try:
-                fd, offset, size = self.objects.open_payload(entry.id, "tensor")
-            except ObjectNotFoundError:  # not on disk (yet): read_tensor fetches it
-                pass
-            else:
-                try:
-                    if size != entry.nbytes:
-                        raise CorruptObjectError(f"tensor object {entry.id[:12]} is "
-                                                 "truncated or the wrong size; run `vrl fsck`")
-                    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-                    with mmap.mmap(fd, offset + size - start, access=mmap.ACCESS_READ,
-                                   offset=start) as mapped:
-                        self._verify(entry, mapped, offset - start)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                return FileSlice(fd, offset, size)
-        return self.read_verified(entry)
+        """A tensor's bytes to write into a file for a person, hashed to its id first."""
+        return self.reader.tensor_chunk(entry)
 
     def read_verified(self, entry: TensorEntry) -> memoryview:
-        """A tensor's bytes in memory (as `read_tensor`), hashed to its id first."""
-        data = self.read_tensor(entry).data
-        if not self.objects.verify_reads:  # (with it, read_tensor hashed them)
-            self._verify(entry, data)
-        return data
-
-    @staticmethod
-    def _verify(entry: TensorEntry, buf: Any, offset: int = 0) -> None:
-        """Raise CorruptObjectError unless the tensor's bytes in `buf` hash to its id."""
-        if hash_object("tensor", memoryview(buf)[offset:offset + entry.nbytes],
-                       threads=True) != entry.id:
-            raise CorruptObjectError(damaged(entry.id))
-
-    def _tensor_buffer(self, entry: TensorEntry, mmap_min: int = MMAP_MIN
-                       ) -> tuple[Any, int]:
-        """(buffer, offset) where a tensor's `entry.nbytes` bytes start: a small payload
-        read into memory, or the object's file memory-mapped (copy-on-write, private).
-        Below `mmap_min` bytes a packed payload is read too."""
-        _check_entry(entry)
-        fresh = self.engine.held_payload(entry.id, read_only=mmap_min > MMAP_MIN)
-        if fresh is not None and fresh.nbytes == entry.nbytes:
-            return fresh, 0
-        # a payload kept from a recent commit serves small tensors, and read-only use of
-        # bigger ones (statistics); a restored big tensor is mapped as always (it must be
-        # writable and private, and a copy of it costs more than the mapping)
-        payload = self.engine.recent_payload(entry.id) \
-            if entry.nbytes < MMAP_MIN or mmap_min > MMAP_MIN else None
-        # the object must still exist (gc or pruning may have removed it meanwhile)
-        if payload is not None and len(payload) == entry.nbytes and \
-                not self.objects.verify_reads and self.objects.has(entry.id):
-            return payload, 0
-        if entry.nbytes < MMAP_MIN:
-            try:
-                kind, payload = self.objects.read(entry.id)
-            except ObjectNotFoundError:
-                self._fetch_or_fail([entry])
-                kind, payload = self.objects.read(entry.id)
-            if kind != "tensor" or len(payload) != entry.nbytes:
-                raise CorruptObjectError(f"tensor object {entry.id[:12]} is a {kind} of "
-                                         f"{len(payload)} bytes, not the {entry.nbytes}-byte "
-                                         "tensor its manifest names; run `vrl fsck`")
-            return payload, 0
-        if entry.nbytes < mmap_min and self.objects.is_packed(entry.id):
-            try:
-                kind, payload = self.objects.read(entry.id)
-            except VrlError:
-                pass  # repacked or collected meanwhile: mapped (or fetched) below
-            else:
-                if kind == "tensor" and len(payload) == entry.nbytes:
-                    return payload, 0
-        try:
-            # the file mapped as a whole (a restore makes ~9 system calls per tensor, the
-            # fewest Python's mmap allows; no memoryview of it is made here)
-            fd, offset, size = self.objects.open_payload(entry.id, "tensor")
-            try:
-                if size == entry.nbytes:
-                    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-            finally:
-                os.close(fd)
-        except ObjectNotFoundError:  # fetched from a remote, or staged in an open batch
-            self._fetch_or_fail([entry])
-            mapped, offset = self.objects.map_payload(entry.id, "tensor"), 0
-            size = mapped.nbytes
-        if size != entry.nbytes:
-            raise CorruptObjectError(f"tensor object {entry.id[:12]} is truncated or the "
-                                     "wrong size; run `vrl fsck`")
-        if self.objects.verify_reads:
-            self._verify(entry, mapped, offset)
-        return mapped, offset
-
-    def _fetch_or_fail(self, entries: list[TensorEntry]) -> None:
-        missing = [e.id for e in entries if not self.objects.has(e.id)]
-        if missing and self.fetch_missing is not None:
-            self.fetch_missing(missing, {e.id: ("tensor", e.nbytes) for e in entries})
-            missing = [m for m in missing if not self.objects.has(m)]
-        if missing and self.fetch_missing is None and self.config.get("core", "promisor"):
-            raise PrunedError(f"tensor data {missing[0][:12]} is not here yet: this is a "
-                              "partial clone, and objects download on demand only once the "
-                              "remote layer is loaded (`import vrl.remote`, as the vrl CLI "
-                              "does)")
-        if missing:
-            raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
-                              "(pruned, cloned with --metadata-only, or lost: `vrl fsck` "
-                              "checks); fetch it from a remote that has it")
+        """A tensor's bytes in memory, hashed to its id first."""
+        return self.reader.read_verified(entry)
 
     def sync(self) -> None:
         """Wait until this process's commits are in their files. A journaled commit is
@@ -415,100 +281,13 @@ class Repo(Maintenance, WorkspaceMixin):
         return short_ref(target) if target and target.startswith("refs/heads/") else None
 
     def resolve(self, rev: str = "HEAD") -> ObjectId:
-        """Turn a revision (id prefix, branch, tag, HEAD, REV~n, REV^n) into a commit id."""
-        if not isinstance(rev, str) or not rev.strip():
-            raise RevisionError("empty revision")
-        match = _REV.match(rev.strip())
-        assert match is not None
-        oid = self._resolve_base(match["base"], rev)
-        for op, num in re.findall(r"([~^])(\d*)", match["ops"]):
-            n = int(num) if num else 1
-            if op == "~":
-                for _ in range(n):
-                    oid = self._parent(oid, 1, rev)
-            elif n:
-                oid = self._parent(oid, n, rev)
-        return oid
-
-    def _parent(self, oid: ObjectId, n: int, rev: str) -> ObjectId:
-        parents = self.read_commit(oid).parents
-        if len(parents) < n:
-            raise RevisionError(f"revision {rev!r} goes past the first commit ({oid[:12]} has "
-                                f"{len(parents)} parent(s))")
-        return parents[n - 1]
-
-    def _resolve_base(self, base: str, rev: str) -> ObjectId:
-        reflog = _REFLOG_REV.match(base)
-        if reflog:
-            return self._resolve_reflog(reflog["ref"], int(reflog["n"]), rev)
-        if base in ("HEAD", "@"):
-            head = self.head()
-            if head is None:
-                raise RevisionError("HEAD has no commits yet; commit a snapshot first")
-            return head
-        if is_object_id(base):
-            if not self.objects.has(ObjectId(base)) and self.fetch_missing is None:
-                try:  # says so when a damaged pack may have held it
-                    self.objects.kind_and_size(ObjectId(base))
-                except ObjectNotFoundError:
-                    raise RevisionError(f"unknown revision {rev!r}: no such commit") from None
-            return ObjectId(base)
-        if base and not any(c in base for c in " \t\n\x00"):
-            for prefix in ("", "refs/", "refs/tags/", "refs/heads/", "refs/remotes/"):
-                name = prefix + base
-                if name.startswith("refs/") and ".." not in name:
-                    try:
-                        value = self.refs.read(name)
-                    except VrlError:
-                        value = None
-                    if value:
-                        return value
-        if re.fullmatch(r"[0-9a-f]{4,63}", base):
-            matches = self._commits_with_prefix(base)
-            if len(matches) == 1:
-                return matches[0]
-            if len(matches) > 1:
-                listed = ", ".join(m[:12] for m in matches[:5])
-                raise RevisionError(f"ambiguous revision {rev!r}: matches {listed}; "
-                                    "use more characters")
-        raise RevisionError(f"unknown revision {rev!r}: not a branch, tag or commit id "
-                            "(see `vrl log` and `vrl branch`)")
-
-    def _resolve_reflog(self, ref: str, n: int, rev: str) -> ObjectId:
-        """`REF@{n}`: where REF was n moves ago, as `vrl reflog` numbers them."""
-        if ref in ("", "HEAD", "@"):
-            candidates = ["HEAD"]
-        elif ref.startswith("refs/"):
-            candidates = [ref]
-        else:
-            candidates = [f"refs/heads/{ref}", f"refs/tags/{ref}", f"refs/remotes/{ref}"]
-        for name in candidates:
-            try:
-                entries = self.refs.reflog(check_ref_name(name) if name != "HEAD" else name)
-            except VrlError:
-                continue
-            if not entries:
-                continue
-            if n >= len(entries):
-                raise RevisionError(f"unknown revision {rev!r}: the reflog of "
-                                    f"{short_ref(name)} has only {len(entries)} entries "
-                                    "(see `vrl reflog`)")
-            oid = entries[n].new
-            if oid is None:
-                raise RevisionError(f"revision {rev!r} names a deletion in the reflog")
-            return oid
-        raise RevisionError(f"unknown revision {rev!r}: {ref or 'HEAD'} has no reflog "
-                            "(see `vrl reflog`)")
+        """Turn a revision (id prefix, branch, tag, HEAD, REV~n, REV^n, REF@{n}) into a
+        commit id (vrl/revisions.py)."""
+        return Revisions(self.objects, self.refs, self.read_commit,
+                         lazy=self.fetch_missing is not None).resolve(rev)
 
     def _commits_with_prefix(self, prefix: str) -> list[ObjectId]:
-        out = []
-        for oid in self.objects.ids_with_prefix(prefix):
-            try:
-                if self.objects.kind_and_size(oid)[0] == "commit":
-                    out.append(oid)
-            except VrlError:
-                continue
-        return sorted(out)
+        return Revisions(self.objects, self.refs, self.read_commit).commits_with_prefix(prefix)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, state: Any, *, rehash: bool = False, write: bool = True
@@ -567,7 +346,7 @@ class Repo(Maintenance, WorkspaceMixin):
         """Make sure every data object of snapshot `oid` is here, fetching what a lazy clone
         or retention left out; raise PrunedError where no remote has it."""
         try:
-            self._fetch_or_fail(list(manifest.data_entries().values()))
+            self.reader.fetch_or_fail(list(manifest.data_entries().values()))
         except PrunedError:
             if oid not in self.pruned():
                 raise
@@ -590,7 +369,7 @@ class Repo(Maintenance, WorkspaceMixin):
         if self.fetch_missing is not None:  # fetch what is missing in one batch
             missing = [e for e in manifest.tensors.values() if not self.objects.has(e.id)]
             if missing:
-                self._fetch_or_fail(missing)
+                self.reader.fetch_or_fail(missing)
         tensors: dict[str, Any] = {}
         for name, entry in manifest.tensors.items():
             if not entry.tie:
@@ -779,17 +558,6 @@ class Repo(Maintenance, WorkspaceMixin):
         # a damaged file holds no value to compare with: it is removed as it is
         self.refs.update(ref, None, expected=ANY if damaged else old, reason=reason)
         return old
-
-
-def _check_entry(entry: TensorEntry) -> None:
-    """Shape, dtype and size agree: nothing is allocated or copied on a claim alone (the
-    quick test here; the full check, with its message, only when it fails)."""
-    try:
-        consistent = math.prod(entry.shape) * itemsize(entry.dtype) == entry.nbytes
-    except (TypeError, VrlError):
-        consistent = False
-    if not consistent:
-        entry.check()
 
 
 def _neg_time(time: str) -> str:

@@ -36,7 +36,7 @@ from vrl.errors import (
 from vrl.gclock import create_lock_files, writes
 from vrl.journal import Journal, boot_id, create_journal
 from vrl.maintenance import Maintenance
-from vrl.object_store import PACK_MAX, FileObjectStore
+from vrl.object_store import FileObjectStore
 from vrl.objects import (
     HEADER_SIZE,
     Commit,
@@ -48,6 +48,7 @@ from vrl.objects import (
     is_object_id,
     itemsize,
 )
+from vrl.pack_set import PACK_MAX
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref
 from vrl.safetensors_file import FileSlice, RawTensor
 from vrl.tensors import tensor_from_buffer

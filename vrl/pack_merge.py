@@ -30,6 +30,7 @@ class PackMerging:
     """Merges and rewrites of a `FileObjectStore`'s packs (a part of it: see the module's
     docstring)."""
 
+    # ------------------------------------------------------------------ deleting
     def _delete_packed(self, wanted: set[ObjectId], older_than: float | None,
                        dry_run: bool) -> dict[ObjectId, int]:
         """`delete_many` for packed objects: {id: bytes freed}."""

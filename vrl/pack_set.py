@@ -34,9 +34,7 @@ PACK_SPILL = 64 << 20
 mid-sized tensors then writes several packs instead of holding them all in memory)."""
 PACK_MIN_OBJECTS = 2  # a single small object is as cheap loose (one file, one fsync)
 
-
-
-# in FileObjectStore._freshened (names of packs freshened in the open batch): the pack
+# in PackSet._freshened (names of packs freshened in the open batch): the pack
 # tables were refreshed in this batch, so `put` does not look again
 _TABLES_CHECKED = ""
 

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from vrl import Repo
+from vrl import Repo, pack_merge
 from vrl import object_store as store_module
 from vrl import refs as refs_module
 from vrl.repo import _Bounded
@@ -47,18 +47,18 @@ def _due_reference(objects, landing=None):
             size = os.stat(f"{objects._pack_dir}/{name}").st_size
         except FileNotFoundError:
             continue
-        if size < store_module.MERGED_MAX:
-            classes[size >= store_module.FRESH_MAX].append(name)
-    if landing is not None and landing < store_module.MERGED_MAX:
-        classes[landing >= store_module.FRESH_MAX].append("")
-    if len(objects._packs) + (landing is not None) < store_module.AUTO_MERGE:
+        if size < pack_merge.MERGED_MAX:
+            classes[size >= pack_merge.FRESH_MAX].append(name)
+    if landing is not None and landing < pack_merge.MERGED_MAX:
+        classes[landing >= pack_merge.FRESH_MAX].append("")
+    if len(objects._packs) + (landing is not None) < pack_merge.AUTO_MERGE:
         return None
-    return next((names for names in classes if len(names) >= store_module.AUTO_MERGE), None)
+    return next((names for names in classes if len(names) >= pack_merge.AUTO_MERGE), None)
 
 
 def test_the_kept_size_classes_decide_as_a_fresh_look(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_module, "AUTO_MERGE", 4)
-    monkeypatch.setattr(store_module, "FRESH_MAX", 3000)
+    monkeypatch.setattr(pack_merge, "AUTO_MERGE", 4)
+    monkeypatch.setattr(pack_merge, "FRESH_MAX", 3000)
     repo = Repo.init(tmp_path)
     rng = random.Random(1)
     state = {"a.w": torch.zeros(16), "b.w": torch.zeros(1024)}
@@ -69,7 +69,7 @@ def test_the_kept_size_classes_decide_as_a_fresh_look(tmp_path, monkeypatch):
         repo.commit(state, env=False)
         repo.sync()
         objects = repo.objects
-        for landing in (None, 100, 5000, store_module.MERGED_MAX):
+        for landing in (None, 100, 5000, pack_merge.MERGED_MAX):
             assert objects._due(landing) == _due_reference(objects, landing)
         if rng.random() < 0.2:
             objects.consolidate()  # packs go away and a merged one appears

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import vrl.direct_io
 import vrl.object_store
 import vrl.refs
 from vrl import Repo
@@ -70,7 +71,7 @@ def _install_fault(fault: tuple[str, int] | None) -> None:
         return calls[0] >= k
 
     if where == "object":  # mid-object: half of a chunk reaches the temp file
-        real = vrl.object_store._write_all
+        real = vrl.direct_io.write_all
 
         def write_all(fd, data):
             if due():
@@ -79,7 +80,7 @@ def _install_fault(fault: tuple[str, int] | None) -> None:
                 os._exit(99)
             real(fd, data)
 
-        vrl.object_store._write_all = write_all
+        vrl.direct_io.write_all = write_all
     elif where == "ref":  # lock held, ref's temp file written, not renamed yet
         real_ref = vrl.refs.RefStore._write_file
 

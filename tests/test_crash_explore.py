@@ -45,8 +45,10 @@ import torch
 from helpers import raw
 from lazyfs import LazyFS, rebuild
 
+import vrl.direct_io as direct_io
 import vrl.journal as journal
-import vrl.object_store as object_store
+import vrl.pack_merge as pack_merge
+import vrl.pack_set as pack_set
 import vrl.repo as repo_module
 from vrl import Repo
 from vrl.errors import VrlError
@@ -55,9 +57,9 @@ from vrl.remote.stores import LocalRemote
 
 # every size threshold scaled down (the real ones: MiB), so that schedules of a few dozen
 # small commits cross each of them many times
-THRESHOLDS = [(object_store, "PACK_MAX", 8 << 10), (repo_module, "PACK_MAX", 8 << 10),
-              (object_store, "FRESH_MAX", 4 << 10), (object_store, "MERGED_MAX", 48 << 10),
-              (object_store, "AUTO_MERGE", 3), (object_store, "DIRECT_MIN", 16 << 10),
+THRESHOLDS = [(pack_set, "PACK_MAX", 8 << 10), (repo_module, "PACK_MAX", 8 << 10),
+              (pack_merge, "FRESH_MAX", 4 << 10), (pack_merge, "MERGED_MAX", 48 << 10),
+              (pack_merge, "AUTO_MERGE", 3), (direct_io, "DIRECT_MIN", 16 << 10),
               (journal, "EXTERNAL_MIN", 8 << 10), (journal, "JOURNAL_MAX", 48 << 10),
               (journal, "INIT_ROOM", 8 << 10), (journal, "ROOM_MIN", 4 << 10),
               (transfer, "REMOTE_PACK_MAX", 16 << 10), (transfer, "ONE_PACK_MAX", 16 << 10)]

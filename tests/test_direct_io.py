@@ -15,9 +15,10 @@ import subprocess
 import pytest
 import torch
 
+from vrl.direct_io import DIRECT_ALIGN, DIRECT_MIN, direct_offset
 from vrl.errors import StorageError
 from vrl.hooks import Snapshotter
-from vrl.object_store import DIRECT_ALIGN, DIRECT_MIN, FileObjectStore, direct_offset
+from vrl.object_store import FileObjectStore
 from vrl.objects import HEADER_SIZE, hash_object
 
 SIZES = [DIRECT_MIN, DIRECT_MIN + 1, 3 * DIRECT_ALIGN * 256 + DIRECT_ALIGN - HEADER_SIZE,

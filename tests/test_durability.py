@@ -14,7 +14,7 @@ from helpers import raw, vrl
 from lazyfs import LazyFS, rebuild
 
 import vrl.journal as journal
-import vrl.object_store as object_store
+import vrl.pack_merge as pack_merge
 from vrl import Repo
 from vrl.errors import RevisionError
 from vrl.refs import ANY
@@ -75,7 +75,7 @@ def test_power_cut_after_auto_merges_loses_no_acknowledged_commit(tmp_path, monk
                                                                   external):
     """Smaller thresholds, same protocol: a merge every 4 commits, every pack external (or
     in the journal's records)."""
-    monkeypatch.setattr(object_store, "AUTO_MERGE", 4)
+    monkeypatch.setattr(pack_merge, "AUTO_MERGE", 4)
     if external:
         monkeypatch.setattr(journal, "EXTERNAL_MIN", 0)
     repo, done = _power_cut_after(tmp_path, monkeypatch, tmp_path / "w", _commits(19))
@@ -103,7 +103,7 @@ def test_no_journal_record_names_a_pack_that_a_merge_removed(tmp_path, monkeypat
     the journal's current epoch (what a replay after a power cut re-applies) finds its
     pack once the commit (and the merge it ran) returned: a merge checkpoints the journal
     once the removal of the packs it merged is durable."""
-    monkeypatch.setattr(object_store, "AUTO_MERGE", 4)
+    monkeypatch.setattr(pack_merge, "AUTO_MERGE", 4)
     monkeypatch.setattr(journal, "EXTERNAL_MIN", 0)
     repo = Repo.init(tmp_path / "w")
     merged = 0

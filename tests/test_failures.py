@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import vrl.object_store
+import vrl.direct_io
 import vrl.refs
 import vrl.repo
 from vrl import Repo
@@ -183,13 +183,13 @@ def test_disk_full_at_every_point_of_a_commit_real_filesystem(small_disk):
 
 def _count_write_calls(monkeypatch, path: Path, state) -> int:
     calls = []
-    real = vrl.object_store._write_all
-    monkeypatch.setattr(vrl.object_store, "_write_all",
+    real = vrl.direct_io.write_all
+    monkeypatch.setattr(vrl.direct_io, "write_all",
                         lambda fd, data: (calls.append(1), real(fd, data))[1])
     repo = Repo(path)
     repo.commit(state, env=False, message="probe")
     repo.sync()  # (the pack is written after the commit point, in the background)
-    monkeypatch.setattr(vrl.object_store, "_write_all", real)
+    monkeypatch.setattr(vrl.direct_io, "write_all", real)
     return len(calls)
 
 
@@ -211,7 +211,7 @@ def test_write_error_at_every_object_write(tmp_path, monkeypatch, code, words):
 
     head = Repo(path).commit(state, env=False)
     Repo(path).sync()
-    real = vrl.object_store._write_all
+    real = vrl.direct_io.write_all
     landed = []
     for k in range(1, n + 1):
         calls = [0]
@@ -223,21 +223,21 @@ def test_write_error_at_every_object_write(tmp_path, monkeypatch, code, words):
                 raise OSError(code, os.strerror(code))
             real(fd, data)
 
-        monkeypatch.setattr(vrl.object_store, "_write_all", failing)
+        monkeypatch.setattr(vrl.direct_io, "write_all", failing)
         before = snapshot_of_disk(path / ".vrl")
         repo = Repo(path)
         try:
             cid = repo.commit(small_state(1), env=False, message="fails")
         except StorageError as exc:  # before the commit point (the big tensor's file)
             assert words in str(exc) and "\n" not in str(exc)
-            monkeypatch.setattr(vrl.object_store, "_write_all", real)
+            monkeypatch.setattr(vrl.direct_io, "write_all", real)
             assert_unharmed(path, before, head, state)
             Repo(path).gc(grace=0)  # orphans of the failed attempt: the next one writes again
             continue
         # after it (the pack, written in the background): the commit stands, and the next
         # read of this process writes it again (the fault was a single write's)
         assert repo.head() == cid and calls[0] >= k
-        monkeypatch.setattr(vrl.object_store, "_write_all", real)
+        monkeypatch.setattr(vrl.direct_io, "write_all", real)
         landed.append(k)
     assert landed == [n]  # only the last write (the pack) comes after the commit point
     assert_restores(Repo(path, verify=True), cid, small_state(1))

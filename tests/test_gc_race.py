@@ -20,7 +20,7 @@ import pytest
 from helpers import before_ref_moves, process_results, start_process
 
 from vrl import Repo
-from vrl.object_store import PACK_MAX
+from vrl.pack_set import PACK_MAX
 
 TIMEOUT = 120.0
 

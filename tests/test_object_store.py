@@ -7,8 +7,9 @@ import os
 import pytest
 
 from vrl.errors import CorruptObjectError, ObjectNotFoundError
-from vrl.object_store import PACK_MAX, FileObjectStore, MemoryObjectStore
+from vrl.object_store import FileObjectStore, MemoryObjectStore
 from vrl.objects import HEADER_SIZE, hash_object, header
+from vrl.pack_set import PACK_MAX
 
 
 @pytest.fixture(params=["loose", "packed", "memory"])
@@ -126,9 +127,9 @@ def write_all_packed(store):
 def test_a_batch_beyond_the_spill_size_writes_several_packs(tmp_path, monkeypatch):
     """Staged objects are not all held in memory: past PACK_SPILL bytes they are written
     as a pack at once, and stay readable (in the batch and after it)."""
-    import vrl.object_store
+    import vrl.pack_set
 
-    monkeypatch.setattr(vrl.object_store, "PACK_SPILL", 10_000)
+    monkeypatch.setattr(vrl.pack_set, "PACK_SPILL", 10_000)
     store = FileObjectStore(tmp_path / "objects", fsync=True)
     with store.batch():
         ids = [store.write("tensor", bytes([i]) * 3000) for i in range(10)]
@@ -147,16 +148,16 @@ def test_a_big_object_is_written_while_the_next_is_hashed(tmp_path, monkeypatch)
     on to hash the next one); it is readable at once, and in place after the batch."""
     import threading
 
-    import vrl.object_store
+    import vrl.direct_io
 
     writers: list[str] = []
-    real = vrl.object_store._write_all
+    real = vrl.direct_io.write_all
 
     def write_all(fd, data):
         writers.append(threading.current_thread().name)
         real(fd, data)
 
-    monkeypatch.setattr(vrl.object_store, "_write_all", write_all)
+    monkeypatch.setattr(vrl.direct_io, "write_all", write_all)
     store = FileObjectStore(tmp_path / "objects", fsync=True)
     payload = os.urandom(PACK_MAX + 7)
     with store.batch():

@@ -15,9 +15,10 @@ from helpers import assert_same, small_policy
 from vrl import Repo
 from vrl.cli import main
 from vrl.errors import CorruptObjectError
-from vrl.object_store import PACK_MAX, FileObjectStore
+from vrl.object_store import FileObjectStore
 from vrl.objects import HEADER_SIZE, hash_object
 from vrl.pack import read_index
+from vrl.pack_set import PACK_MAX
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:
@@ -278,9 +279,9 @@ def test_a_stale_index_never_claims_an_object_gc_removed(tmp_path):
 
 
 def test_commits_merge_their_packs_every_auto_merge_commits(tmp_path, monkeypatch):
-    import vrl.object_store
+    import vrl.pack_merge
 
-    monkeypatch.setattr(vrl.object_store, "AUTO_MERGE", 4)
+    monkeypatch.setattr(vrl.pack_merge, "AUTO_MERGE", 4)
     repo = Repo.init(tmp_path / "repo")
     ids = [repo.commit(state(i), env=False) for i in range(3)]
     assert len(pack_files(repo)) == 3
@@ -294,7 +295,7 @@ def test_commits_merge_their_packs_every_auto_merge_commits(tmp_path, monkeypatc
     for i, cid in enumerate(ids):
         assert_same(state(i), fresh.load(cid))
     assert fresh.fsck()["ok"]
-    monkeypatch.setattr(vrl.object_store, "MERGED_MAX", 1)  # every pack counts as big
+    monkeypatch.setattr(vrl.pack_merge, "MERGED_MAX", 1)  # every pack counts as big
     for i in range(7, 11):
         repo.commit(state(i), env=False)
     assert len(pack_files(repo)) == 5  # big packs are never merged again
@@ -465,13 +466,13 @@ def test_a_loose_small_object_reused_in_a_batch_is_packed_again_harmlessly(tmp_p
 def test_merged_packs_are_merged_again_only_with_their_own_size_class(tmp_path, monkeypatch):
     """Commits' fresh packs merge among themselves; a merged pack waits for enough merged
     ones before it is rewritten (so a commit's bytes are not rewritten at every merge)."""
-    import vrl.object_store
+    import vrl.pack_merge
 
-    monkeypatch.setattr(vrl.object_store, "AUTO_MERGE", 3)
+    monkeypatch.setattr(vrl.pack_merge, "AUTO_MERGE", 3)
     repo = Repo.init(tmp_path / "repo")
     ids = [repo.commit(state(0), env=False)]
     fresh_size = pack_files(repo)[0].stat().st_size
-    monkeypatch.setattr(vrl.object_store, "FRESH_MAX", 2 * fresh_size)  # 2+ packs merged
+    monkeypatch.setattr(vrl.pack_merge, "FRESH_MAX", 2 * fresh_size)  # 2+ packs merged
     sizes = []
     for i in range(1, 9):
         ids.append(repo.commit(state(i), env=False))

@@ -22,8 +22,8 @@ from safetensors.numpy import save, save_file
 
 from vrl import Repo
 from vrl.errors import CorruptObjectError
-from vrl.object_store import PACK_MAX
 from vrl.objects import HEADER_SIZE
+from vrl.pack_set import PACK_MAX
 from vrl.repo import MMAP_MIN
 
 

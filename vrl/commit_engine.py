@@ -30,7 +30,6 @@ from vrl.errors import (
     VrlError,
     WorkspaceError,
 )
-from vrl.object_store import PACK_MAX
 from vrl.objects import (
     Commit,
     FileLayout,
@@ -41,6 +40,7 @@ from vrl.objects import (
     check_depth,
     hash_object,
 )
+from vrl.pack_set import PACK_MAX
 from vrl.refs import short_ref, utc_now
 from vrl.safetensors_file import RawTensor, SafetensorsFile
 from vrl.tensors import ViewMemo, flatten, tensor_bytes, to_state

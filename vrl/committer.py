@@ -176,7 +176,7 @@ class CommitWorker:
         sent as "same" still holds its bytes. Each copy is exactly its object's payload."""
         import numpy as np
 
-        from vrl.object_store import PACK_MAX
+        from vrl.pack_set import PACK_MAX
         from vrl.safetensors_file import RawTensor
 
         kept, total = {}, 0

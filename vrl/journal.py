@@ -491,7 +491,7 @@ class Journal:
                 # record's pack that is gone was merged into another (its commit is
                 # there) or damaged: the record stands either way, and fsck reports
                 # what is missing - a later, reported commit is never dropped.
-                discard(Path(self.objects._pack_dir) / record.pack)
+                discard(Path(self.objects.pack_dir) / record.pack)
                 records, end = records[:i], record.offset
                 break
             self._apply(record, recovering=True)
@@ -565,11 +565,11 @@ class Journal:
                 size = handle.tail
                 end = size + RECORD.size + len(record[1]) + (0 if external else nbytes)
                 before_append()
-                self._append(fd, record, size, end - size, [pack_fd, self.objects._pack_dir]
+                self._append(fd, record, size, end - size, [pack_fd, self.objects.pack_dir]
                              if external else [])
             except BaseException:
                 if external:
-                    discard(Path(self.objects._pack_dir) / file)
+                    discard(Path(self.objects.pack_dir) / file)
                 self.objects.forget_landing()
                 raise
             done = Record(size, end, name, old, new, logs, file, chunks, external)
@@ -753,7 +753,7 @@ class Journal:
             named = [os.fspath(self.refs._path(record.ref))]
             named += [os.fspath(self.refs._log_path(log)) for log, _ in record.logs]
             if record.pack:
-                named.append(f"{self.objects._pack_dir}/{record.pack}")
+                named.append(f"{self.objects.pack_dir}/{record.pack}")
             for path in named:
                 files.add(path)
                 folder = os.path.dirname(path)

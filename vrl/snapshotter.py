@@ -46,9 +46,9 @@ from collections.abc import Callable
 from typing import Any
 
 from vrl.bytecheck import _digests, _same_bytes
+from vrl.direct_io import DIRECT_MIN, direct_offset
 from vrl.errors import VrlError
 from vrl.handover import ALIGN, _copy_all, _Held, _Region, process_mode_available
-from vrl.object_store import DIRECT_MIN, direct_offset
 from vrl.repo import Repo
 from vrl.rng import rng_state
 from vrl.sigterm import SigtermFlush

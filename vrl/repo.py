@@ -40,7 +40,6 @@ from vrl.objects import (
     ObjectId,
     TensorEntry,
 )
-from vrl.pack_set import PACK_MAX
 from vrl.refs import ANY, RefStore, check_ref_name, short_ref
 from vrl.revisions import Revisions
 from vrl.safetensors_file import FileSlice, RawTensor

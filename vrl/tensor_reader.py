@@ -19,8 +19,8 @@ from typing import Any
 
 from vrl.commit_engine import MMAP_MIN, CommitEngine
 from vrl.errors import CorruptObjectError, ObjectNotFoundError, PrunedError, VrlError
-from vrl.object_store import PACK_MAX
 from vrl.objects import HEADER_SIZE, TensorEntry, damaged, hash_object, itemsize
+from vrl.pack_set import PACK_MAX
 from vrl.safetensors_file import FileSlice, RawTensor
 from vrl.tensors import tensor_from_buffer
 

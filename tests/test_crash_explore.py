@@ -45,11 +45,12 @@ import torch
 from helpers import raw
 from lazyfs import LazyFS, rebuild
 
+import vrl.commit_engine as commit_engine
 import vrl.direct_io as direct_io
 import vrl.journal as journal
 import vrl.pack_merge as pack_merge
 import vrl.pack_set as pack_set
-import vrl.repo as repo_module
+import vrl.tensor_reader as tensor_reader
 from vrl import Repo
 from vrl.errors import VrlError
 from vrl.remote import transfer
@@ -57,7 +58,8 @@ from vrl.remote.stores import LocalRemote
 
 # every size threshold scaled down (the real ones: MiB), so that schedules of a few dozen
 # small commits cross each of them many times
-THRESHOLDS = [(pack_set, "PACK_MAX", 8 << 10), (repo_module, "PACK_MAX", 8 << 10),
+THRESHOLDS = [(pack_set, "PACK_MAX", 8 << 10), (commit_engine, "PACK_MAX", 8 << 10),
+              (tensor_reader, "PACK_MAX", 8 << 10),
               (pack_merge, "FRESH_MAX", 4 << 10), (pack_merge, "MERGED_MAX", 48 << 10),
               (pack_merge, "AUTO_MERGE", 3), (direct_io, "DIRECT_MIN", 16 << 10),
               (journal, "EXTERNAL_MIN", 8 << 10), (journal, "JOURNAL_MAX", 48 << 10),

@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file, save_file
 
 from vrl import Repo
 from vrl.cli import main
+from vrl.errors import VrlError
 
 
 def weights(seed: int) -> dict[str, np.ndarray]:
@@ -144,3 +146,18 @@ def test_gc_keeps_a_snapshot_a_moved_tags_reflog_names(tmp_path):
 
     repo.gc(grace=0, expire_reflog=True)
     assert not mine & set(Repo(path).objects.ids())
+
+
+@pytest.mark.parametrize("grace", [-5.0, float("nan")])
+def test_gc_refuses_a_grace_that_is_not_a_duration(tmp_path, grace):
+    """A negative (or NaN) grace would make every young object look old: refused before
+    anything is looked at, in one line, and nothing is deleted."""
+    repo = Repo.init(tmp_path)
+    repo.commit({"w": np.ones(4, np.float32)}, env=False)
+    repo.commit({"w": np.zeros(4, np.float32)}, env=False)
+    repo.reset("HEAD~1")
+    before = sorted(p.name for p in (repo.vrl_dir / "objects").rglob("*"))
+    with pytest.raises(VrlError, match="gc grace must be 0 or more seconds") as err:
+        repo.gc(grace=grace, expire_reflog=True)
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in (repo.vrl_dir / "objects").rglob("*")) == before

@@ -289,6 +289,8 @@ class Maintenance:
         the ones that arrive wait for it, so no grace period, not even 0, can break a
         commit; `on_wait()` is called once if it has to wait for them.
         """
+        if grace is not None and not grace >= 0:  # (NaN too)
+            raise VrlError(f"gc grace must be 0 or more seconds, not {grace}")
         if dry_run:
             return self._collect(grace, dry_run, expire_reflog)
         with self.gc_lock.exclusive(on_wait):

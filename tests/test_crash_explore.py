@@ -53,7 +53,7 @@ import vrl.pack_set as pack_set
 import vrl.tensor_reader as tensor_reader
 from vrl import Repo
 from vrl.errors import VrlError
-from vrl.remote import transfer
+from vrl.remote import pushing, transfer
 from vrl.remote.stores import LocalRemote
 
 # every size threshold scaled down (the real ones: MiB), so that schedules of a few dozen
@@ -64,7 +64,7 @@ THRESHOLDS = [(pack_set, "PACK_MAX", 8 << 10), (commit_engine, "PACK_MAX", 8 << 
               (pack_merge, "AUTO_MERGE", 3), (direct_io, "DIRECT_MIN", 16 << 10),
               (journal, "EXTERNAL_MIN", 8 << 10), (journal, "JOURNAL_MAX", 48 << 10),
               (journal, "INIT_ROOM", 8 << 10), (journal, "ROOM_MIN", 4 << 10),
-              (transfer, "REMOTE_PACK_MAX", 16 << 10), (transfer, "ONE_PACK_MAX", 16 << 10)]
+              (pushing, "REMOTE_PACK_MAX", 16 << 10), (pushing, "ONE_PACK_MAX", 16 << 10)]
 SIZES = [4, 512, 3 << 10, 6 << 10, 12 << 10, 40 << 10]  # bytes of one tensor
 NAMES = [f"layer{i}.weight" for i in range(6)]
 OPS = {"commit": 20, "branch": 2, "tag": 1, "move-back": 2, "prune": 1, "gc": 1,

@@ -238,12 +238,12 @@ def run_transfers(tmp_path: Path, monkeypatch, ignore: frozenset[str] = frozense
     """Push to a new local remote, clone it, then commit, push and fetch twice more (one
     branch in new directories), under the I/O layer; a cut at every step of the transfers.
     Repository `a` and its first commit exist before (their cuts are the sweep above's)."""
-    from vrl.remote import transfer
+    from vrl.remote import pushing
     from vrl.remote.stores import LocalRemote
     from vrl.remote.transfer import clone, fetch, push
 
     # critic.weight (77 KB) goes loose: the cuts cover both ways a push sends objects
-    monkeypatch.setattr(transfer, "REMOTE_PACK_MAX", 64 << 10)
+    monkeypatch.setattr(pushing, "REMOTE_PACK_MAX", 64 << 10)
     work = tmp_path / "work"
     work.mkdir()
     repo = Repo.init(work / "a")

@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import vrl.remote.transfer as transfer
+import vrl.remote.fetching as fetching
 from vrl.errors import CorruptObjectError, VrlError
 from vrl.objects import ObjectId, header
 from vrl.remote import add_remote, clone, fetch, open_named, push
@@ -311,7 +311,7 @@ def test_a_commit_of_tiny_values_is_refused_before_parsing(tmp_path):
     cid = _put_commit(store, repo.read_commit(repo.head()).manifest, [repo.head()],
                       hparams=hparams)
     raw = store.get(object_key(cid))
-    assert len(raw) < transfer.MAX_COMMIT_BYTES and parse_cost(raw) > MAX_PARSE_BYTES
+    assert len(raw) < fetching.MAX_COMMIT_BYTES and parse_cost(raw) > MAX_PARSE_BYTES
     store.put("refs/heads/main", f"{cid}\n".encode())
     with pytest.raises(CorruptObjectError, match="a commit may take"):
         clone(str(tmp_path / "remote"), tmp_path / "copy")
@@ -324,13 +324,13 @@ def test_push_refuses_a_manifest_no_fetch_would_accept(tmp_path, monkeypatch):
     repo = Repo.init(tmp_path / "src")
     make_big_history(repo, 1)
     add_remote(repo, "origin", str(tmp_path / "remote"), create=True)
-    monkeypatch.setattr(transfer, "MAX_MANIFEST_BYTES", 64)
+    monkeypatch.setattr(fetching, "MAX_MANIFEST_BYTES", 64)
     store = open_named(repo, "origin")
     with pytest.raises(VrlError, match="too big to push"):
         push(repo, store, "origin")
     assert store.read_ref("refs/heads/main")[0] is None
-    monkeypatch.setattr(transfer, "MAX_MANIFEST_BYTES", 32 << 20)
-    monkeypatch.setattr(transfer, "MAX_PARSE_BYTES", 64)
+    monkeypatch.setattr(fetching, "MAX_MANIFEST_BYTES", 32 << 20)
+    monkeypatch.setattr(fetching, "MAX_PARSE_BYTES", 64)
     with pytest.raises(VrlError, match="up to 0 MiB to read"):
         push(repo, store, "origin")
     assert store.read_ref("refs/heads/main")[0] is None

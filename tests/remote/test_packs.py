@@ -303,10 +303,10 @@ def dst_packs(repo: Repo, store: RemoteStore) -> set[str]:
 
 
 def test_a_big_push_sends_tensor_packs_then_the_history(tmp_path, monkeypatch):
-    from vrl.remote import transfer
+    from vrl.remote import pushing
 
-    monkeypatch.setattr(transfer, "PACK_SPLIT", 140_000)
-    monkeypatch.setattr(transfer, "ONE_PACK_MAX", 100_000)
+    monkeypatch.setattr(pushing, "PACK_SPLIT", 140_000)
+    monkeypatch.setattr(pushing, "ONE_PACK_MAX", 100_000)
     remote = RemoteCase(str(tmp_path / "remote.vrl"))
     src = source(tmp_path, remote)
     ids = small_tensor_history(src, 4)  # 11 tensors of 60 KB: in packs of 2

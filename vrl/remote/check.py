@@ -26,20 +26,22 @@ from vrl.errors import CorruptObjectError, VrlError
 from vrl.objects import HEADER_SIZE, Commit, ObjectId, parse_header
 from vrl.refs import short_ref
 from vrl.remote.base import KeyMissing, RemoteStore, object_key, redact
-from vrl.remote.packs import PackReader, RemotePacks, cache_dir
-from vrl.remote.transfer import (
+from vrl.remote.common import (
     DEFAULT_JOBS,
-    FETCH_BATCH,
-    MAX_COMMIT_BYTES,
-    MAX_MANIFEST_BYTES,
     NoProgress,
     Progress,
-    _chunks,
     _pool_map,
-    parse_remote,
     verified_raw,
     verify_file,
 )
+from vrl.remote.fetching import (
+    FETCH_BATCH,
+    MAX_COMMIT_BYTES,
+    MAX_MANIFEST_BYTES,
+    _chunks,
+    parse_remote,
+)
+from vrl.remote.packs import PackReader, RemotePacks, cache_dir
 from vrl.repo import Repo
 
 STREAM_ABOVE = 16 << 20  # a loose object bigger than this is hashed a range at a time

@@ -46,8 +46,7 @@ from vrl.objects import (
     ObjectId,
     header,
 )
-from vrl.remote import add_remote, clone, fetch, open_named, pull, push
-from vrl.remote import transfer as transfer_module
+from vrl.remote import add_remote, clone, fetch, fetching, open_named, pull, push
 from vrl.remote.base import PACK_PREFIX, KeyMissing, RemoteStore, object_key
 from vrl.remote.stores import FsspecRemote, LocalRemote, S3Remote
 from vrl.repo import Repo
@@ -627,8 +626,8 @@ class HostileRemote:
         with contextlib.ExitStack() as stack:
             mp = stack.enter_context(pytest.MonkeyPatch.context())
             # small caps, so oversized metadata is cheap to forge on every backend
-            mp.setattr(transfer_module, "MAX_COMMIT_BYTES", 1 << 16)
-            mp.setattr(transfer_module, "MAX_MANIFEST_BYTES", 1 << 16)
+            mp.setattr(fetching, "MAX_COMMIT_BYTES", 1 << 16)
+            mp.setattr(fetching, "MAX_MANIFEST_BYTES", 1 << 16)
             attack, dst = stack.enter_context(self._world(tmp, remote))
             dry = Counter()
             self._trial(tmp, remote, attack, lambda a: None, dst, dry)  # untouched: all ok

@@ -196,6 +196,7 @@ def test_the_journals_replay_and_checkpoint_are_both_needed(tmp_path, monkeypatc
     replay moves main forward again after the reset; so it does where records of an
     older epoch (left in place by a checkpoint, intact) were taken for current ones."""
     import vrl.journal as journal
+    import vrl.journal_format as journal_format
 
     with pytest.MonkeyPatch.context() as mutant:  # (the sweep undoes its own patches)
         if broken == "replay":
@@ -206,8 +207,12 @@ def test_the_journals_replay_and_checkpoint_are_both_needed(tmp_path, monkeypatc
         elif broken == "checkpoint":
             mutant.setattr(journal.Journal, "_checkpoint",
                            lambda self, handle, records, drop=False: None)
-        else:
-            mutant.setattr(journal, "at_record", lambda raw, header: raw[:4] == b"VJR2")
+        else:  # (parse reads it from the format's module, the journal's own checks here)
+            def at_record(raw, header):
+                return raw[:4] == b"VJR2"
+
+            mutant.setattr(journal_format, "at_record", at_record)
+            mutant.setattr(journal, "at_record", at_record)
         failures, _ = sweep(tmp_path, monkeypatch)
     assert failures
     if broken != "replay":

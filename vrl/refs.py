@@ -12,7 +12,8 @@ cut after those fsyncs but before the rename (or the directory fsync after it) l
 reflog line for a move that never happened, possibly naming a commit whose objects were
 not durable yet. `interrupted()` recognises exactly those lines (the chain of moves goes
 on from the line's old value), and fsck and gc treat a missing commit named only by them
-as the remains of an interrupted update, not as damage.
+as the remains of an interrupted update, not as damage. The reflog's lines are read,
+appended and taken back by vrl.reflog.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from vrl.durable import discard, fsync, fsync_all, fsync_dir, make_dirs
+from vrl.durable import discard, fsync_all, fsync_dir, make_dirs
 from vrl.errors import (
     InvalidRefNameError,
     RefConflictError,
@@ -38,8 +38,16 @@ from vrl.errors import (
     storage_error,
 )
 from vrl.objects import ObjectId, is_object_id
+from vrl.reflog import (  # noqa: F401 - ReflogEntry, interrupted: imported from here too
+    ZERO,
+    ReflogEntry,
+    ReflogRead,
+    append_line,
+    interrupted,
+    read_log_file,
+    undo_line,
+)
 
-ZERO = "0" * 64
 DurableFirst = Iterable[str] | Callable[[], Iterable[str]]
 ANY = object()  # "do not check the old value"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
@@ -85,54 +93,6 @@ def check_ref_name(name: str, what: str = "ref") -> str:
     if problem:
         raise InvalidRefNameError(f"invalid {what} name {name!r}: {problem}")
     return name
-
-
-@dataclass(frozen=True)
-class ReflogEntry:
-    old: ObjectId | None
-    new: ObjectId | None
-    time: str
-    who: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class ReflogRead:
-    entries: list[ReflogEntry]  # newest first
-    damaged: list[str]  # one description per line that could not be parsed
-    torn: str | None  # an incomplete last line (a crash mid-append), harmless
-
-
-def _parse_log_line(raw: bytes) -> ReflogEntry | None:
-    try:
-        line = raw.decode("utf-8")
-        head, reason = line.split("\t", 1)
-        old, new, when, *who = head.split(" ")
-    except ValueError:  # UnicodeDecodeError is a ValueError too
-        return None
-    if not (is_object_id(old) and is_object_id(new)):
-        return None
-    return ReflogEntry(None if old == ZERO else ObjectId(old),
-                       None if new == ZERO else ObjectId(new), when, " ".join(who), reason)
-
-
-def interrupted(entries: list[ReflogEntry], value: object) -> list[ReflogEntry]:
-    """The entries (newest first, as `read_log` gives them) of moves that never happened.
-
-    A move is logged before the ref is renamed, so a power cut can keep the line and lose
-    the move. The ref then still holds the line's old value, and the next move (logged
-    under the same lock) starts from it again: an entry is interrupted when the entry
-    after it, or for the newest one the ref's current `value`, moves from its old value
-    instead of from its new one. A damaged id in an applied entry does not qualify (the
-    next entry starts from the true new id, not from the old one).
-    """
-    out = []
-    after = value  # the old value of the move after this one (ANY: unknown)
-    for entry in entries:  # newest first
-        if entry.new is not None and entry.new != entry.old and after == entry.old:
-            out.append(entry)
-        after = entry.old
-    return out
 
 
 def _repair_hint(name: str) -> str:
@@ -633,54 +593,10 @@ class RefStore:
         path = self._log_path(name)
         line = line or self.log_line(old, new, reason)
         sync = self.fsync if sync is None else sync
-        try:
-            if sync:
-                make_dirs(path.parent, sync)
-                created = not path.exists()
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            else:  # (the journal's materialisation: two stats fewer per line)
-                created = False
-                try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                except FileNotFoundError:
-                    make_dirs(path.parent, sync)
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            pending = getattr(self._local, "pending", None) if sync else None
-            try:
-                written = os.write(fd, line)
-                end = os.fstat(fd).st_size
-            except BaseException:
-                os.close(fd)
-                raise
-            # durable before the ref moves: with the ref's temp file when one follows
-            if pending is not None and sync:
-                pending.append(fd)
-                if created:
-                    pending.append(os.open(path.parent, os.O_RDONLY))
-            else:
-                try:
-                    if sync:
-                        fsync(fd)
-                finally:
-                    os.close(fd)
-                if created and sync:
-                    fsync_dir(path.parent)
-            if written != len(line):  # a full disk can write part of the line
-                self._undo_log(path, end, written)
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        except OSError as exc:
-            raise storage_error(exc, self.root, f"writing the reflog of {name}") from exc
-        return path, end, written
+        return append_line(self.root, name, path, line, sync,
+                           getattr(self._local, "pending", None) if sync else None)
 
-    @staticmethod
-    def _undo_log(path: Path, end: int, written: int) -> None:
-        """Take back an appended line, unless another process has appended since."""
-        with contextlib.suppress(OSError):
-            if path.stat().st_size == end:
-                if end == written:
-                    path.unlink()  # the log did not exist before
-                else:
-                    os.truncate(path, end - written)
+    _undo_log = staticmethod(undo_line)  # (path, end, written): take back an appended line
 
     def _remove_log(self, name: str) -> None:
         with contextlib.suppress(OSError):
@@ -698,28 +614,7 @@ class RefStore:
         """Every entry of a reflog (newest first), with every damaged line reported."""
         if self.barrier is not None:
             self.barrier()
-        try:
-            data = self._log_path(name).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return ReflogRead([], [], None)
-        except OSError as exc:
-            raise storage_error(exc, self.root, f"reading the reflog of {name}") from exc
-        lines = data.split(b"\n")
-        last = lines.pop()  # b"" when the file ends with a newline, as every append does
-        torn = None
-        if last:  # a crash mid-append: the entry never completed, the ref did not move
-            torn = f"logs/{name}: line {len(lines) + 1} is incomplete (an interrupted write)"
-        out: list[ReflogEntry] = []
-        damaged: list[str] = []
-        for number, raw in enumerate(lines, 1):
-            entry = _parse_log_line(raw)
-            if entry is None:
-                shown = raw[:60].decode("utf-8", "replace")
-                damaged.append(f"logs/{name}: line {number} is damaged ({shown!r})")
-            else:
-                out.append(entry)
-        out.reverse()
-        return ReflogRead(out, damaged, torn)
+        return read_log_file(self.root, name, self._log_path(name))
 
     def reflog(self, name: str = "HEAD") -> list[ReflogEntry]:
         """Entries newest first; damaged lines are skipped (`read_log` reports them)."""

@@ -48,7 +48,8 @@ from vrl.objects import (
 )
 from vrl.remote import add_remote, clone, fetch, fetching, open_named, pull, push
 from vrl.remote.base import PACK_PREFIX, KeyMissing, RemoteStore, object_key
-from vrl.remote.stores import FsspecRemote, LocalRemote, S3Remote
+from vrl.remote.local import LocalRemote
+from vrl.remote.stores import FsspecRemote, S3Remote
 from vrl.repo import Repo
 from vrl.testing.remote_conformance import RemoteCase
 

@@ -1,4 +1,4 @@
-"""Layer-level change statistics between two snapshots (DESIGN section 3).
+"""Layer-level change statistics between two snapshots (docs/design.md: layers).
 
 A layer is a module prefix: `actor.0` groups `actor.0.weight` and `actor.0.bias`. Its
 relative change is ||new - old|| / max(||old||, eps) over all its tensors; it changed

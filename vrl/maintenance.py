@@ -151,7 +151,7 @@ class Maintenance:
         manifest = self.read_manifest(self.read_commit(oid).manifest)
         ids = {e.id for e in manifest.data_entries().values()}
         missing = [i for i in ids if not self.objects.has(i)]
-        if missing and self.fetch_missing is None:
+        if missing and not self.lazy:
             raise PrunedError(
                 f"cannot {action} {oid[:12]}: it was pruned by retention and `vrl gc` has "
                 "freed its tensors, so it could not be restored from here; restore it from "
@@ -192,7 +192,7 @@ class Maintenance:
             named -= self._never_moved(name, read.entries)
             # a flipped hex digit still parses, but names a commit that is not here
             lost = sorted(x for x in named if not self.objects.has(x))
-            if lost and strict and self.fetch_missing is None:
+            if lost and strict and not self.lazy:
                 raise GcBlockedError(
                     f"logs/{name} names commit {lost[0][:12]}, which is not here (the reflog "
                     "is damaged or objects were lost; `vrl fsck` checks): gc cannot tell "

@@ -42,10 +42,7 @@ class ApiError(VrlError, ValueError):
 def open_repo(path: str | Path = ".") -> Repo:
     """The repository, read-only as far as the views go: no lazy downloads (a view that
     needs tensor data that is not here says so instead of fetching it)."""
-    repo = Repo(path)
-    repo.fetch_missing = None
-    repo.fetch_pruned = None
-    return repo
+    return Repo(path, fetch=False)
 
 
 def _finite(value: Any) -> Any:

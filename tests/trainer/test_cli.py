@@ -242,3 +242,41 @@ def test_ctrl_c_while_importing_exits_130(tmp_path, entry, delay):
     err = "".join(line for line in lines if not line.startswith("import time:"))
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+def _env_kwargs_of(monkeypatch, tmp_path, args):
+    """The keyword arguments `vrl train ARGS` hands to the env factory."""
+    import trainer.envs
+
+    seen = []
+
+    def make_env(spec, num_envs, **kw):
+        seen.append(kw["env_kwargs"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(trainer.envs, "make_env", make_env)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(train, [*args, "--no-store", "--device", "cpu"])
+    assert result.exit_code == 1 and "stop here" in result.output, result.output
+    return seen[0]
+
+
+def test_a_nested_set_reaches_the_env_factory_as_the_same_yaml_does(tmp_path, monkeypatch):
+    (tmp_path / "run.yaml").write_text("env:\n  grid_config:\n    num_agents: 8\n"
+                                       "    width: 5\n")
+    by_set = _env_kwargs_of(monkeypatch, tmp_path, ["--set", "env.grid_config.num_agents=8",
+                                                    "--set", "env.grid_config.width=5"])
+    by_yaml = _env_kwargs_of(monkeypatch, tmp_path, ["--config", "run.yaml"])
+    assert by_set == by_yaml
+    assert by_set["grid_config"] == {"num_agents": 8, "width": 5}
+    both = _env_kwargs_of(monkeypatch, tmp_path, ["--config", "run.yaml",
+                                                  "--set", "env.grid_config.num_agents=2"])
+    assert both["grid_config"] == {"num_agents": 2, "width": 5}
+
+
+def test_a_typo_in_a_nested_set_is_one_line():
+    result = CliRunner().invoke(train, ["--set", "evn.grid_config.num_agents=8",
+                                        "--device", "cpu", "--no-store"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: unknown ppo config key 'evn' in --set "
+                                     "evn.grid_config.num_agents=8; did you mean 'env'?")

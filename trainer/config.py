@@ -130,7 +130,8 @@ class PPOConfig:
     seed: int = 1
     """seed for environments, network initialisation and sampling"""
     total_steps: int = 500_000
-    """total environment steps (agent-steps for multi-agent envs) of the run"""
+    """total environment steps (agent-steps for multi-agent envs) of the run, rounded up
+    to whole iterations"""
     num_envs: int = 8
     """parallel environments (the warehouse multiplies this by its number of AGVs)"""
     num_steps: int = 128

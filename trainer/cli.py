@@ -357,13 +357,14 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
                        f"--steps {2 * max(trainer.global_step, 1)}", err=True)
         shutdown(dist)
         return
-    note = rounding_note(trainer, "--steps" if o["steps"] is not None else "total_steps")
-    if note and dist.is_main:
-        click.echo(f"vrl: {note}", err=True)
     hook, branch = None, None
     store = repo is not None and o["store"] is not False
     if store and dist.is_main:
         hook, branch = _store_hooks(trainer, repo, run, o)
+    # (once nothing can refuse the run any more: an error stays the only line)
+    note = rounding_note(trainer, "--steps" if o["steps"] is not None else "total_steps")
+    if note and dist.is_main:
+        click.echo(f"vrl: {note}", err=True)
     interrupted: BaseException | None = None
     restore, previous = _on_sigterm_raise()
     try:

@@ -235,7 +235,7 @@ def test_checkout_says_when_the_commit_came_from_another_file(ws, capsys):
         assert vrl(capsys, "commit", "model.safetensors", "-m", f"v{bump}", "--no-env")[0] == 0
     repo = Repo(ws)
     v1, v2 = repo.resolve("HEAD~1"), repo.resolve("HEAD")
-    assert repo.read_commit(v1).meta == {"file": "model.safetensors"}
+    assert repo.read_commit(v1).meta == {"source_file": "model.safetensors"}
 
     def note(oid):
         return (f"note: wrote policy.safetensors (the workspace checkpoint), not "
@@ -267,7 +267,7 @@ def test_checkout_says_when_the_commit_came_from_another_file(ws, capsys):
     assert vrl(capsys, "commit", "-m", "ws", "--no-env", "--allow-empty")[0] == 0
     assert vrl(capsys, "commit", "policy.safetensors", "-m", "p", "--no-env",
                "--allow-empty")[0] == 0
-    assert repo.read_commit(repo.resolve("HEAD")).meta == {"file": "policy.safetensors"}
+    assert repo.read_commit(repo.resolve("HEAD")).meta == {"source_file": "policy.safetensors"}
     assert vrl(capsys, "commit", "model.safetensors", "-m", "m", "--no-env",
                "--allow-empty")[0] == 0
     assert repo.read_commit(repo.resolve("HEAD")).meta == {}

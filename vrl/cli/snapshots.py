@@ -107,12 +107,13 @@ def commit(repo: Repo, file: str | None, message: str | None, hparams_file: str 
     click.echo(f"[{where}{root} {short(oid)}] {first_line(c.message)}\n {summary}")
 
 
-SOURCE_KEY = "file"  # commit metadata: the file `vrl commit FILE` read, if not the workspace
+# commit metadata: the file `vrl commit FILE` read, when it is not the workspace checkpoint
+SOURCE_KEY = "source_file"
 
 
 def _source_meta(repo: Repo, path: Path) -> dict[str, str] | None:
-    """`{"file": "model.safetensors"}` for a FILE inside the work tree that is not the
-    workspace checkpoint, so that checkout can say which file it did not rewrite. Paths
+    """`{"source_file": "model.safetensors"}` for a FILE inside the work tree that is not
+    the workspace checkpoint, so that checkout can say which file it did not rewrite. Paths
     outside the work tree are not recorded (a machine's layout stays out of the history),
     nor is the workspace file (commits of it keep the ids they always had)."""
     full = path.resolve()

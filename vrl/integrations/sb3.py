@@ -1,0 +1,494 @@
+"""Stable-Baselines3: snapshot a model's whole training state while it learns, and rebuild
+a model from any snapshot that trains on bit-for-bit as the original run did.
+
+    from vrl.integrations.sb3 import SnapshotCallback, load
+    model.learn(100_000, callback=SnapshotCallback("runs/ppo", every=10_000))
+    model = load("runs/ppo", "HEAD~2")              # HEAD does not move
+    model.learn(20_000, reset_num_timesteps=False)
+
+Nothing is pickled: tensors and arrays go through the store, the constructor arguments are
+JSON (classes by qualified name, rebuilt from an allow-list only). Stable-Baselines3 is
+imported on first use. What is restored, and what is not: docs/loops.md#stable-baselines3.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import warnings
+from typing import Any
+
+from vrl.errors import VrlError
+from vrl.repo import Repo
+from vrl.rng import rng_state, set_rng_state
+
+__all__ = ["SnapshotCallback", "load", "ALGORITHMS"]
+
+HINT = "the Stable-Baselines3 integration needs stable-baselines3: pip install 'vrl[sb3]'"
+ALGORITHMS = ("A2C", "DDPG", "DQN", "PPO", "SAC", "TD3")  # the classes `load` rebuilds
+# what a model carries from one step to the next besides its tensors (those it has)
+COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls", "exploration_rate",
+            "_current_progress_remaining")
+_SKIP = object()  # an attribute that is not plain data: not captured
+
+
+def _sb3() -> Any:
+    try:
+        import stable_baselines3
+    except ImportError as exc:
+        raise VrlError(HINT) from exc
+    return stable_baselines3
+
+
+def SnapshotCallback(repo: Repo | str | os.PathLike[str], every: int, *,  # noqa: N802
+                     eval_callback: Any = None, replay_buffer: bool = False,
+                     **snapshotter: Any) -> Any:
+    """An SB3 `BaseCallback` that commits the model's training state to `repo`.
+
+    Commits every `every` env steps (at the first rollout boundary after each multiple:
+    a state training resumes from exactly), after each evaluation of `eval_callback` (an
+    `EvalCallback`, passed to `learn` as well; the best one carries the best tag), and
+    when training ends. `replay_buffer`: commit an off-policy model's replay buffer too,
+    which a bit-exact resume needs. Other keyword arguments go to `vrl.Snapshotter`
+    (branch, keep_last, best_tag, committer, ...).
+    """
+    _sb3()
+    return _callback_class()(repo, every, eval_callback, replay_buffer, snapshotter)
+
+
+@functools.cache
+def _callback_class() -> type:
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+    from stable_baselines3.common.logger import KVWriter
+
+    from vrl.snapshotter import Snapshotter
+
+    class LastValues(KVWriter):  # type: ignore[misc]
+        """Keeps what the logger dumps: a dump clears the logger's own values."""
+
+        def __init__(self) -> None:
+            self.values: dict[str, Any] = {}
+
+        def write(self, key_values: dict[str, Any], key_excluded: Any, step: int = 0) -> None:
+            self.values.update(_numbers(key_values))
+
+        def close(self) -> None:
+            pass
+
+    class AfterEval(BaseCallback):  # type: ignore[misc]
+        def __init__(self, owner: Any) -> None:
+            super().__init__()
+            self.owner = owner
+
+        def _on_step(self) -> bool:
+            # mid-rollout (inside an env step): the evaluated policy, not a resume point
+            self.owner.commit("eval", exact=False)
+            return True
+
+    class SnapshotCallback(BaseCallback):  # type: ignore[misc]
+        def __init__(self, repo: Any, every: int, eval_callback: Any, replay_buffer: bool,
+                     snapshotter: dict[str, Any]) -> None:
+            super().__init__()
+            if not isinstance(every, int) or every < 1:
+                raise VrlError(f"every must be a positive number of steps, not {every!r}")
+            self.repo = repo if isinstance(repo, Repo) else Repo(repo)
+            self.every, self.replay_buffer = every, replay_buffer
+            self.eval_callback, self.options = eval_callback, dict(snapshotter)
+            if eval_callback is not None:
+                self.options.setdefault("best_metric", "eval/mean_reward")
+                hook = AfterEval(self)
+                if eval_callback.callback is not None:  # keep the user's own
+                    hook = CallbackList([eval_callback.callback, hook])
+                eval_callback.callback, hook.parent = hook, eval_callback
+            self.snapshotter: Snapshotter | None = None
+            self.commits: list[str] = []
+            self._values = LastValues()
+            self._last = 0
+            self._in_rollout = False
+
+        def _init_callback(self) -> None:
+            self._last = self.model.num_timesteps
+            if self._values not in self.model.logger.output_formats:
+                self.model.logger.output_formats.append(self._values)
+
+        def _on_training_start(self) -> None:
+            if self.eval_callback is not None and \
+                    getattr(self.eval_callback, "model", None) is None:
+                raise VrlError("pass the EvalCallback to learn() as well: "
+                               "callback=[eval_callback, snapshot_callback]")
+            if self.snapshotter is None:
+                self.snapshotter = Snapshotter(
+                    self.repo, state_fn=lambda: _capture(self.model, self.replay_buffer),
+                    hparams=_hparams(self.model), **self.options)
+
+        def _on_rollout_start(self) -> None:
+            # the previous update is done and the next rollout not begun: nothing is half
+            # way (a rollout buffer, a transition not stored yet), so training resumes here
+            # exactly
+            self._in_rollout = True
+            if self.model.num_timesteps // self.every > self._last // self.every:
+                self._last = self.model.num_timesteps
+                self.commit("step")
+
+        def _on_rollout_end(self) -> None:
+            self._in_rollout = False
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_training_end(self) -> None:
+            if self.snapshotter is None:
+                return
+            try:  # a callback that stopped training mid-rollout: not a resume point
+                self.commit("final", exact=not self._in_rollout)
+            finally:
+                snap, self.snapshotter = self.snapshotter, None
+                snap.close()  # every commit written, the best tag moved
+                self.commits += snap.commits
+
+        def commit(self, kind: str, exact: bool = True) -> None:
+            assert self.snapshotter is not None
+            model, algo = self.model, type(self.model).__name__
+            step = int(model.num_timesteps)
+            metrics = {**self._values.values, **_numbers(model.logger.name_to_value)}
+            if kind == "eval":
+                reward = float(self.eval_callback.last_mean_reward)
+                metrics["eval/mean_reward"] = reward
+                message = f"{algo} eval step {step} mean_reward {reward:.4g}"
+            else:  # eval values describe an earlier policy
+                metrics = {k: v for k, v in metrics.items() if not k.startswith("eval/")}
+                message = f"{algo} {'final ' if kind == 'final' else ''}step {step}"
+            meta = {"sb3": {"algo": algo, "kind": kind, "exact": exact,
+                            "version": _sb3().__version__, "env": _env_info(model)}}
+            self.snapshotter.snapshot(step, metrics, message, meta)
+
+    return SnapshotCallback
+
+
+# ---------------------------------------------------------------------- capture
+def _numbers(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, (bool, str)):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):  # a video, a figure, an array
+            continue
+        if math.isfinite(number):
+            out[key] = value if isinstance(value, int) else number
+    return out
+
+
+def _encode(value: Any) -> Any:
+    """Plain data as the store keeps it (arrays as tensors), or _SKIP."""
+    import numpy as np
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.ndarray):
+        return _SKIP if value.dtype.hasobject else value
+    if isinstance(value, np.generic):
+        return {"$np": np.asarray(value)}  # its dtype kept: float32 physics stays float32
+    if isinstance(value, np.random.Generator):
+        return {"$rng": json.dumps(value.bit_generator.state)}  # (128-bit ints: as text)
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v) for v in value]
+        return _SKIP if any(i is _SKIP for i in items) else type(value)(items)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        pairs = {k: _encode(v) for k, v in value.items()}
+        return _SKIP if any(v is _SKIP for v in pairs.values()) else pairs
+    return _SKIP
+
+
+def _decode(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, dict):
+        if set(value) == {"$np"}:
+            return np.asarray(value["$np"])[()]
+        if set(value) == {"$rng"}:
+            state = json.loads(value["$rng"])
+            kinds = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
+                     "MT19937": np.random.MT19937, "Philox": np.random.Philox,
+                     "SFC64": np.random.SFC64}
+            if state.get("bit_generator") not in kinds:
+                raise VrlError(f"unknown bit generator {state.get('bit_generator')!r}")
+            bits = kinds[state["bit_generator"]]()
+            bits.state = state
+            return np.random.Generator(bits)
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_decode(v) for v in value)
+    if hasattr(value, "numpy"):  # a stored array comes back as a tensor: a writable copy
+        return value.numpy().copy()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return value
+
+
+def _attrs(obj: Any) -> dict[str, Any]:
+    return {k: e for k, v in vars(obj).items()
+            if k != "env" and (e := _encode(v)) is not _SKIP}
+
+
+def _layers(env: Any) -> list[Any]:
+    """An env and the envs it wraps, outermost first."""
+    import gymnasium
+
+    out = [env]
+    while isinstance(vars(env).get("env"), gymnasium.Env):
+        env = vars(env)["env"]
+        out.append(env)
+    return out
+
+
+def _capture(model: Any, replay_buffer: bool) -> dict[str, Any]:
+    """Everything the next steps of training read: tensors, RNGs, counters, env state."""
+    from stable_baselines3.common.save_util import recursive_getattr
+
+    params = model.get_parameters()
+    state: dict[str, Any] = {"model": params.pop("policy")}
+    if "policy.optimizer" in params:  # (`repo.checkout(rev, model.policy, optimizer)`)
+        state["optimizer"] = params.pop("policy.optimizer")
+    state["optimizers"] = params
+    state["variables"] = {n: recursive_getattr(model, n).detach()
+                          for n in model._get_torch_save_params()[1]}
+    state["rng"] = rng_state()
+    counters = {n: getattr(model, n) for n in COUNTERS if hasattr(model, n)}
+    counters.update(last_obs=model._last_obs, last_episode_starts=model._last_episode_starts,
+                    last_original_obs=getattr(model, "_last_original_obs", None),
+                    ep_info_buffer=list(model.ep_info_buffer or ()),
+                    ep_success_buffer=list(model.ep_success_buffer or ()))
+    state["sb3"] = {k: e for k, v in counters.items() if (e := _encode(v)) is not _SKIP}
+    envs = getattr(model.get_env(), "envs", None)  # a DummyVecEnv's (others: not captured)
+    if envs is not None:
+        state["env"] = [[{"class": type(x).__qualname__, "attrs": _attrs(x)}
+                         for x in _layers(e)] for e in envs]
+    state["action_space_rng"] = _encode(getattr(model.action_space, "_np_random", None))
+    if replay_buffer and getattr(model, "replay_buffer", None) is not None:
+        state["replay_buffer"] = _attrs(model.replay_buffer)
+    return state
+
+
+def _env_info(model: Any) -> dict[str, Any]:
+    env = model.get_env()
+    try:
+        spec = env.get_attr("spec", indices=[0])[0]
+    except Exception:  # noqa: BLE001 - a VecEnv that cannot say: no id is recorded
+        spec = None
+    info = {"n_envs": env.num_envs, "id": getattr(spec, "id", None)}
+    if spec is not None:
+        info.update(kwargs=_json(spec.kwargs), max_episode_steps=spec.max_episode_steps)
+    return info
+
+
+def _name(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _json(value: Any) -> Any:
+    """A constructor argument as JSON: classes by qualified name; SB3's constant and
+    linear schedules by their numbers; any other object by its type's name only."""
+    import enum
+
+    from stable_baselines3.common import utils
+
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json(v) for k, v in value.items()}
+    if isinstance(value, type):
+        return {"$class": _name(value)}
+    if type(value).__name__ == "device":
+        return str(value)
+    if isinstance(value, getattr(utils, "FloatSchedule", ())):
+        value = value.value_schedule
+    if isinstance(value, getattr(utils, "ConstantSchedule", ())):
+        return value.val
+    if isinstance(value, getattr(utils, "LinearSchedule", ())):
+        return {"$schedule": "LinearSchedule", "start": value.start, "end": value.end,
+                "end_fraction": value.end_fraction}
+    return {"$object": _name(value if callable(value) and hasattr(value, "__qualname__")
+                             else type(value))}
+
+
+def _hparams(model: Any) -> dict[str, Any]:
+    """The algorithm's constructor arguments, read back from the model."""
+    import inspect
+
+    out: dict[str, Any] = {}
+    for name in inspect.signature(type(model).__init__).parameters:
+        if name in ("self", "_init_setup_model", "args", "kwargs"):
+            continue
+        if name == "policy":
+            aliases = getattr(model, "policy_aliases", {})
+            value = next((a for a, c in aliases.items() if c is model.policy_class),
+                         model.policy_class)
+        elif name == "env":
+            value = _env_info(model)["id"]
+        elif name in vars(model) or f"_{name}" in vars(model):
+            value = vars(model).get(name, vars(model).get(f"_{name}"))
+        else:
+            continue
+        out[name] = _json(value)
+    return out
+
+
+# ---------------------------------------------------------------------- load
+@functools.cache
+def _classes() -> dict[str, type]:
+    """The classes a recorded argument may name: torch modules and optimizers, SB3's
+    feature extractors, buffers and the algorithms' own policies. Nothing else is
+    rebuilt from a name."""
+    import stable_baselines3
+    import torch
+    from stable_baselines3.common import buffers, torch_layers
+
+    table: dict[str, type] = {}
+    for space, base in ((torch.nn, torch.nn.Module), (torch.optim, torch.optim.Optimizer),
+                        (torch_layers, torch.nn.Module), (buffers, buffers.BaseBuffer)):
+        for attr in dir(space):
+            obj = getattr(space, attr)
+            if isinstance(obj, type) and issubclass(obj, base):
+                table[_name(obj)] = obj
+    for algo in ALGORITHMS:
+        for cls in getattr(stable_baselines3, algo).policy_aliases.values():
+            table[_name(cls)] = cls
+    return table
+
+
+def _argument(value: Any, path: str) -> Any:
+    if isinstance(value, list):
+        return [_argument(v, path) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$class" in value:
+        if value["$class"] not in _classes():
+            raise VrlError(f"{path} is {value['$class']}, which load does not rebuild from "
+                           f"a name; pass {path.split('.')[0]}=... to load")
+        return _classes()[value["$class"]]
+    if "$object" in value:
+        raise VrlError(f"{path} was a {value['$object']}, which is not recorded; pass "
+                       f"{path.split('.')[0]}=... to load")
+    if value.get("$schedule") == "LinearSchedule":
+        from stable_baselines3.common.utils import LinearSchedule
+
+        return LinearSchedule(value["start"], value["end"], value["end_fraction"])
+    return {k: _argument(v, f"{path}.{k}") for k, v in value.items()}
+
+
+def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None,
+         **kwargs: Any) -> Any:
+    """The SB3 model committed at `rev`, ready to `learn(n, reset_num_timesteps=False)`.
+
+    `env`: the environment to train in; None makes the recorded one (`gymnasium.make`
+    with its id and arguments). `kwargs` override recorded constructor arguments (say
+    `device="cpu"`, or one that could not be recorded). HEAD does not move.
+    """
+    _sb3()
+    import gymnasium
+    import torch
+    from stable_baselines3.common.save_util import recursive_getattr
+
+    repo = repo if isinstance(repo, Repo) else Repo(repo)
+    oid = repo.resolve(rev)
+    commit = repo.read_commit(oid)
+    info = commit.meta.get("sb3")
+    if not isinstance(info, dict) or info.get("algo") not in ALGORITHMS:
+        raise VrlError(f"{rev} is not a snapshot of a Stable-Baselines3 model "
+                       f"({', '.join(ALGORITHMS)})")
+    cls = getattr(_sb3(), info["algo"])
+    args = {k: _argument(v, k) for k, v in commit.hparams.items()
+            if k not in kwargs and k != "env"}
+    args.update(kwargs)
+    if env is None:
+        spec = info.get("env") or {}
+        if not spec.get("id"):
+            raise VrlError(f"{rev} records no registered environment id; pass env=")
+        make = functools.partial(gymnasium.make, spec["id"],
+                                 max_episode_steps=spec.get("max_episode_steps"),
+                                 **_argument(spec.get("kwargs") or {}, "env"))
+        if spec.get("n_envs", 1) == 1:
+            env = make()
+        else:  # as make_vec_env builds them
+            from stable_baselines3.common.env_util import make_vec_env
+
+            env = make_vec_env(make, n_envs=spec["n_envs"])
+    model = cls(env=env, **args)
+    state = repo.load(oid, verify=True)
+    model.policy.load_state_dict(state["model"])
+    stored = {**state.get("optimizers", {}), **({"policy.optimizer": state["optimizer"]}
+                                                 if "optimizer" in state else {})}
+    names, variables = model._get_torch_save_params()
+    # the names come from the model, never from the snapshot
+    for name in names:
+        if name == "policy":
+            continue
+        if name not in stored:
+            raise VrlError(f"{rev} holds no state for {name}")
+        recursive_getattr(model, name).load_state_dict(_clone(stored[name]))
+    with torch.no_grad():
+        for name in variables:
+            recursive_getattr(model, name).copy_(state["variables"][name])
+    saved = _decode(state.get("sb3", {}))
+    for name in COUNTERS:
+        if name in saved and hasattr(model, name):
+            setattr(model, name, saved[name])
+    if info.get("exact", True) and _restore_env(model, state.get("env")):
+        model._last_obs = saved.get("last_obs")
+        model._last_episode_starts = saved.get("last_episode_starts")
+        if hasattr(model, "_last_original_obs"):
+            model._last_original_obs = saved.get("last_original_obs")
+    else:  # learn() resets the env first: training goes on, but not bit-for-bit
+        warnings.warn(f"{rev}: the environment's state is not restored; training resumes "
+                      "after a reset", stacklevel=2)
+    window = model._stats_window_size
+    from collections import deque
+
+    model.ep_info_buffer = deque(saved.get("ep_info_buffer", []), maxlen=window)
+    model.ep_success_buffer = deque(saved.get("ep_success_buffer", []), maxlen=window)
+    if "replay_buffer" in state and getattr(model, "replay_buffer", None) is not None:
+        buffer = model.replay_buffer
+        for key, value in _decode(state["replay_buffer"]).items():
+            if key in vars(buffer):
+                setattr(buffer, key, value)
+    rng = _decode(state.get("action_space_rng"))
+    if rng is not None:
+        model.action_space._np_random = rng
+    set_rng_state(state["rng"])  # last: building the model drew from every RNG
+    return model
+
+
+def _clone(tree: Any) -> Any:
+    """An optimizer state off the store's memory maps (loading it keeps the tensors)."""
+    if isinstance(tree, dict):
+        return {k: _clone(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_clone(v) for v in tree)
+    return tree.clone() if hasattr(tree, "clone") else tree
+
+
+def _restore_env(model: Any, saved: Any) -> bool:
+    """The env's state as committed, where its wrappers are the same; else False."""
+    envs = getattr(model.get_env(), "envs", None)
+    if saved is None or envs is None or len(envs) != len(saved):
+        return False
+    pairs = [(layer, s) for e, layers in zip(envs, saved, strict=True)
+             for layer, s in zip(_layers(e), layers, strict=False)]
+    if any(type(layer).__qualname__ != s["class"] for layer, s in pairs) or \
+            sum(len(layers) for layers in saved) != len(pairs):
+        return False
+    for layer, s in pairs:
+        for key, value in _decode(s["attrs"]).items():
+            setattr(layer, key, value)
+    getattr(model.get_env(), "_reset_seeds", lambda: None)()  # consumed by the first reset
+    return True

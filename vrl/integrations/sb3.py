@@ -409,6 +409,8 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     cls = getattr(_sb3(), info["algo"])
     args = {k: _argument(v, k) for k, v in commit.hparams.items()
             if k not in kwargs and k != "env"}
+    if isinstance(args.get("train_freq"), list):  # SB3 takes (n, unit) as a tuple only
+        args["train_freq"] = tuple(args["train_freq"])
     args.update(kwargs)
     if env is None:
         spec = info.get("env") or {}

@@ -172,3 +172,14 @@ def test_importing_the_module_does_not_import_stable_baselines3():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_schedules_are_recorded_by_value():
+    from stable_baselines3.common import utils
+
+    assert sb3._json(utils.FloatSchedule(0.25)) == 0.25
+    assert sb3._json(utils.LinearSchedule(1.0, 0.1, 0.5)) == {
+        "$schedule": "LinearSchedule", "start": 1.0, "end": 0.1, "end_fraction": 0.5}
+    with pytest.warns(UserWarning, match="deprecated"):  # as older releases built them
+        closure = utils.get_schedule_fn(0.25)
+    assert sb3._json(closure) == 0.25

@@ -310,6 +310,15 @@ def _json(value: Any) -> Any:
         return {"$class": _name(value)}
     if type(value).__name__ == "device":
         return str(value)
+    import inspect
+
+    if inspect.isfunction(value) and value.__module__ == utils.__name__:
+        # (SB3 before FloatSchedule: schedules are closures of these two functions)
+        free = inspect.getclosurevars(value).nonlocals
+        if value.__qualname__.startswith("constant_fn."):
+            return free["val"]
+        if value.__qualname__.startswith("get_schedule_fn."):
+            return _json(free["value_schedule"])
     if isinstance(value, getattr(utils, "FloatSchedule", ())):
         value = value.value_schedule
     if isinstance(value, getattr(utils, "ConstantSchedule", ())):

@@ -16,7 +16,7 @@ from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.monitor import Monitor  # noqa: E402
 
 from vrl import VrlError  # noqa: E402
-from vrl.integrations import sb3  # noqa: E402
+from vrl.integrations import sb3, sb3_args  # noqa: E402
 from vrl.integrations.sb3 import SnapshotCallback, load  # noqa: E402
 
 
@@ -177,9 +177,9 @@ def test_importing_the_module_does_not_import_stable_baselines3():
 def test_schedules_are_recorded_by_value():
     from stable_baselines3.common import utils
 
-    assert sb3._json(utils.FloatSchedule(0.25)) == 0.25
-    assert sb3._json(utils.LinearSchedule(1.0, 0.1, 0.5)) == {
+    assert sb3_args.to_json(utils.FloatSchedule(0.25)) == 0.25
+    assert sb3_args.to_json(utils.LinearSchedule(1.0, 0.1, 0.5)) == {
         "$schedule": "LinearSchedule", "start": 1.0, "end": 0.1, "end_fraction": 0.5}
     with pytest.warns(UserWarning, match="deprecated"):  # as older releases built them
         closure = utils.get_schedule_fn(0.25)
-    assert sb3._json(closure) == 0.25
+    assert sb3_args.to_json(closure) == 0.25

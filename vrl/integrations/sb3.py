@@ -14,24 +14,23 @@ imported on first use. What is restored, and what is not: docs/loops.md#stable-b
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import warnings
 from typing import Any
 
 from vrl.errors import VrlError
+from vrl.integrations import gym_state, sb3_args
+from vrl.integrations.sb3_args import ALGORITHMS
 from vrl.repo import Repo
 from vrl.rng import rng_state, set_rng_state
 
 __all__ = ["SnapshotCallback", "load", "ALGORITHMS"]
 
 HINT = "the Stable-Baselines3 integration needs stable-baselines3: pip install 'vrl[sb3]'"
-ALGORITHMS = ("A2C", "DDPG", "DQN", "PPO", "SAC", "TD3")  # the classes `load` rebuilds
 # what a model carries from one step to the next besides its tensors (those it has)
 COUNTERS = ("num_timesteps", "_n_updates", "_episode_num", "_n_calls", "exploration_rate",
             "_current_progress_remaining")
-_SKIP = object()  # an attribute that is not plain data: not captured
 
 
 def _sb3() -> Any:
@@ -121,7 +120,8 @@ def _callback_class() -> type:
             if self.snapshotter is None:
                 self.snapshotter = Snapshotter(
                     self.repo, state_fn=lambda: _capture(self.model, self.replay_buffer),
-                    hparams=_hparams(self.model), **self.options)
+                    hparams=sb3_args.constructor_args(self.model, _env_info(self.model)["id"]),
+                    **self.options)
 
         def _on_rollout_start(self) -> None:
             # the previous update is done and the next rollout not begun: nothing is half
@@ -182,69 +182,6 @@ def _numbers(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _encode(value: Any) -> Any:
-    """Plain data as the store keeps it (arrays as tensors), or _SKIP."""
-    import numpy as np
-
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, np.ndarray):
-        return _SKIP if value.dtype.hasobject else value
-    if isinstance(value, np.generic):
-        return {"$np": np.asarray(value)}  # its dtype kept: float32 physics stays float32
-    if isinstance(value, np.random.Generator):
-        return {"$rng": json.dumps(value.bit_generator.state)}  # (128-bit ints: as text)
-    if isinstance(value, (list, tuple)):
-        items = [_encode(v) for v in value]
-        return _SKIP if any(i is _SKIP for i in items) else type(value)(items)
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        pairs = {k: _encode(v) for k, v in value.items()}
-        return _SKIP if any(v is _SKIP for v in pairs.values()) else pairs
-    return _SKIP
-
-
-def _decode(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, dict):
-        if set(value) == {"$np"}:
-            return np.asarray(value["$np"])[()]
-        if set(value) == {"$rng"}:
-            state = json.loads(value["$rng"])
-            kinds = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
-                     "MT19937": np.random.MT19937, "Philox": np.random.Philox,
-                     "SFC64": np.random.SFC64}
-            if state.get("bit_generator") not in kinds:
-                raise VrlError(f"unknown bit generator {state.get('bit_generator')!r}")
-            bits = kinds[state["bit_generator"]]()
-            bits.state = state
-            return np.random.Generator(bits)
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_decode(v) for v in value)
-    if hasattr(value, "numpy"):  # a stored array comes back as a tensor: a writable copy
-        return value.numpy().copy()
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    return value
-
-
-def _attrs(obj: Any) -> dict[str, Any]:
-    return {k: e for k, v in vars(obj).items()
-            if k != "env" and (e := _encode(v)) is not _SKIP}
-
-
-def _layers(env: Any) -> list[Any]:
-    """An env and the envs it wraps, outermost first."""
-    import gymnasium
-
-    out = [env]
-    while isinstance(vars(env).get("env"), gymnasium.Env):
-        env = vars(env)["env"]
-        out.append(env)
-    return out
-
-
 def _capture(model: Any, replay_buffer: bool) -> dict[str, Any]:
     """Everything the next steps of training read: tensors, RNGs, counters, env state."""
     from stable_baselines3.common.save_util import recursive_getattr
@@ -262,14 +199,15 @@ def _capture(model: Any, replay_buffer: bool) -> dict[str, Any]:
                     last_original_obs=getattr(model, "_last_original_obs", None),
                     ep_info_buffer=list(model.ep_info_buffer or ()),
                     ep_success_buffer=list(model.ep_success_buffer or ()))
-    state["sb3"] = {k: e for k, v in counters.items() if (e := _encode(v)) is not _SKIP}
+    state["sb3"] = {k: e for k, v in counters.items() if (e := gym_state.encode(v))
+                    is not gym_state.SKIP}
     envs = getattr(model.get_env(), "envs", None)  # a DummyVecEnv's (others: not captured)
     if envs is not None:
-        state["env"] = [[{"class": type(x).__qualname__, "attrs": _attrs(x)}
-                         for x in _layers(e)] for e in envs]
-    state["action_space_rng"] = _encode(getattr(model.action_space, "_np_random", None))
+        state["env"] = gym_state.capture(envs)
+    state["action_space_rng"] = gym_state.encode(getattr(model.action_space, "_np_random",
+                                                         None))
     if replay_buffer and getattr(model, "replay_buffer", None) is not None:
-        state["replay_buffer"] = _attrs(model.replay_buffer)
+        state["replay_buffer"] = gym_state.attributes(model.replay_buffer)
     return state
 
 
@@ -281,120 +219,12 @@ def _env_info(model: Any) -> dict[str, Any]:
         spec = None
     info = {"n_envs": env.num_envs, "id": getattr(spec, "id", None)}
     if spec is not None:
-        info.update(kwargs=_json(spec.kwargs), max_episode_steps=spec.max_episode_steps)
+        info.update(kwargs=sb3_args.to_json(spec.kwargs),
+                    max_episode_steps=spec.max_episode_steps)
     return info
 
 
-def _name(obj: Any) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
-def _json(value: Any) -> Any:
-    """A constructor argument as JSON: classes by qualified name; SB3's constant and
-    linear schedules by their numbers; any other object by its type's name only."""
-    import enum
-
-    from stable_baselines3.common import utils
-
-    if isinstance(value, enum.Enum):
-        value = value.value
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, type):
-        return {"$class": _name(value)}
-    if type(value).__name__ == "device":
-        return str(value)
-    import inspect
-
-    if inspect.isfunction(value) and value.__module__ == utils.__name__:
-        # (SB3 before FloatSchedule: schedules are closures of these two functions)
-        free = inspect.getclosurevars(value).nonlocals
-        if value.__qualname__.startswith("constant_fn."):
-            return free["val"]
-        if value.__qualname__.startswith("get_schedule_fn."):
-            return _json(free["value_schedule"])
-    if isinstance(value, getattr(utils, "FloatSchedule", ())):
-        value = value.value_schedule
-    if isinstance(value, getattr(utils, "ConstantSchedule", ())):
-        return value.val
-    if isinstance(value, getattr(utils, "LinearSchedule", ())):
-        return {"$schedule": "LinearSchedule", "start": value.start, "end": value.end,
-                "end_fraction": value.end_fraction}
-    return {"$object": _name(value if callable(value) and hasattr(value, "__qualname__")
-                             else type(value))}
-
-
-def _hparams(model: Any) -> dict[str, Any]:
-    """The algorithm's constructor arguments, read back from the model."""
-    import inspect
-
-    out: dict[str, Any] = {}
-    for name in inspect.signature(type(model).__init__).parameters:
-        if name in ("self", "_init_setup_model", "args", "kwargs"):
-            continue
-        if name == "policy":
-            aliases = getattr(model, "policy_aliases", {})
-            value = next((a for a, c in aliases.items() if c is model.policy_class),
-                         model.policy_class)
-        elif name == "env":
-            value = _env_info(model)["id"]
-        elif name in vars(model) or f"_{name}" in vars(model):
-            value = vars(model).get(name, vars(model).get(f"_{name}"))
-        else:
-            continue
-        out[name] = _json(value)
-    return out
-
-
 # ---------------------------------------------------------------------- load
-@functools.cache
-def _classes() -> dict[str, type]:
-    """The classes a recorded argument may name: torch modules and optimizers, SB3's
-    feature extractors, buffers and the algorithms' own policies. Nothing else is
-    rebuilt from a name."""
-    import stable_baselines3
-    import torch
-    from stable_baselines3.common import buffers, torch_layers
-
-    table: dict[str, type] = {}
-    for space, base in ((torch.nn, torch.nn.Module), (torch.optim, torch.optim.Optimizer),
-                        (torch_layers, torch.nn.Module), (buffers, buffers.BaseBuffer)):
-        for attr in dir(space):
-            obj = getattr(space, attr)
-            if isinstance(obj, type) and issubclass(obj, base):
-                table[_name(obj)] = obj
-    for algo in ALGORITHMS:
-        for cls in getattr(stable_baselines3, algo).policy_aliases.values():
-            table[_name(cls)] = cls
-    return table
-
-
-def _argument(value: Any, path: str) -> Any:
-    if isinstance(value, list):
-        return [_argument(v, path) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if "$class" in value:
-        if value["$class"] not in _classes():
-            raise VrlError(f"{path} is {value['$class']}, which load does not rebuild from "
-                           f"a name; pass {path.split('.')[0]}=... to load")
-        return _classes()[value["$class"]]
-    if "$object" in value:
-        raise VrlError(f"{path} was a {value['$object']}, which is not recorded; pass "
-                       f"{path.split('.')[0]}=... to load")
-    if value.get("$schedule") == "LinearSchedule":
-        from stable_baselines3.common.utils import LinearSchedule
-
-        return LinearSchedule(value["start"], value["end"], value["end_fraction"])
-    return {k: _argument(v, f"{path}.{k}") for k, v in value.items()}
-
-
 def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None,
          **kwargs: Any) -> Any:
     """The SB3 model committed at `rev`, ready to `learn(n, reset_num_timesteps=False)`.
@@ -416,18 +246,14 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
         raise VrlError(f"{rev} is not a snapshot of a Stable-Baselines3 model "
                        f"({', '.join(ALGORITHMS)})")
     cls = getattr(_sb3(), info["algo"])
-    args = {k: _argument(v, k) for k, v in commit.hparams.items()
-            if k not in kwargs and k != "env"}
-    if isinstance(args.get("train_freq"), list):  # SB3 takes (n, unit) as a tuple only
-        args["train_freq"] = tuple(args["train_freq"])
-    args.update(kwargs)
+    args = sb3_args.rebuild(commit.hparams, kwargs)
     if env is None:
         spec = info.get("env") or {}
         if not spec.get("id"):
             raise VrlError(f"{rev} records no registered environment id; pass env=")
         make = functools.partial(gymnasium.make, spec["id"],
                                  max_episode_steps=spec.get("max_episode_steps"),
-                                 **_argument(spec.get("kwargs") or {}, "env"))
+                                 **sb3_args.from_json(spec.get("kwargs") or {}, "env"))
         if spec.get("n_envs", 1) == 1:
             env = make()
         else:  # as make_vec_env builds them
@@ -450,11 +276,14 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     with torch.no_grad():
         for name in variables:
             recursive_getattr(model, name).copy_(state["variables"][name])
-    saved = _decode(state.get("sb3", {}))
+    saved = gym_state.decode(state.get("sb3", {}))
     for name in COUNTERS:
         if name in saved and hasattr(model, name):
             setattr(model, name, saved[name])
-    if info.get("exact", True) and _restore_env(model, state.get("env")):
+    vec_env = model.get_env()
+    if info.get("exact", True) and gym_state.restore(getattr(vec_env, "envs", []),
+                                                     state.get("env")):
+        getattr(vec_env, "_reset_seeds", lambda: None)()  # (the run reset long ago)
         model._last_obs = saved.get("last_obs")
         model._last_episode_starts = saved.get("last_episode_starts")
         if hasattr(model, "_last_original_obs"):
@@ -468,11 +297,8 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     model.ep_info_buffer = deque(saved.get("ep_info_buffer", []), maxlen=window)
     model.ep_success_buffer = deque(saved.get("ep_success_buffer", []), maxlen=window)
     if "replay_buffer" in state and getattr(model, "replay_buffer", None) is not None:
-        buffer = model.replay_buffer
-        for key, value in _decode(state["replay_buffer"]).items():
-            if key in vars(buffer):
-                setattr(buffer, key, value)
-    rng = _decode(state.get("action_space_rng"))
+        gym_state.set_attributes(model.replay_buffer, state["replay_buffer"])
+    rng = gym_state.decode(state.get("action_space_rng"))
     if rng is not None:
         model.action_space._np_random = rng
     set_rng_state(state["rng"])  # last: building the model drew from every RNG
@@ -486,20 +312,3 @@ def _clone(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_clone(v) for v in tree)
     return tree.clone() if hasattr(tree, "clone") else tree
-
-
-def _restore_env(model: Any, saved: Any) -> bool:
-    """The env's state as committed, where its wrappers are the same; else False."""
-    envs = getattr(model.get_env(), "envs", None)
-    if saved is None or envs is None or len(envs) != len(saved):
-        return False
-    pairs = [(layer, s) for e, layers in zip(envs, saved, strict=True)
-             for layer, s in zip(_layers(e), layers, strict=False)]
-    if any(type(layer).__qualname__ != s["class"] for layer, s in pairs) or \
-            sum(len(layers) for layers in saved) != len(pairs):
-        return False
-    for layer, s in pairs:
-        for key, value in _decode(s["attrs"]).items():
-            setattr(layer, key, value)
-    getattr(model.get_env(), "_reset_seeds", lambda: None)()  # consumed by the first reset
-    return True

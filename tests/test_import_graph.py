@@ -113,8 +113,7 @@ def test_the_check_sees_a_circle():
 
 def test_the_core_never_imports_the_layers_above_it():
     """The store (objects up to the repository) knows nothing of remotes, the CLI, the
-    UI, the Snapshotter or the integrations with training libraries: they plug in from
-    above (`register_fetchers`)."""
+    UI or the Snapshotter: they plug in from above (`register_fetchers`)."""
     graph = _graph()
     core = {m for m in graph if m.count(".") == 1 and m not in
             ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing", "vrl.hooks", "vrl.committer",

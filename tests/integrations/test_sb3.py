@@ -10,7 +10,7 @@ pytest.importorskip("stable_baselines3")
 
 import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
-from stable_baselines3 import DQN, PPO, SAC  # noqa: E402
+from stable_baselines3 import A2C, DQN, PPO, SAC, TD3  # noqa: E402
 from stable_baselines3.common.callbacks import EvalCallback  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.monitor import Monitor  # noqa: E402
@@ -28,6 +28,16 @@ def _ppo(env="CartPole-v1", **kw):
 
 def _sac():
     return SAC("MlpPolicy", "Pendulum-v1", buffer_size=200, learning_starts=20, batch_size=16,
+               policy_kwargs={"net_arch": [8]}, device="cpu", seed=3)
+
+
+def _a2c():
+    return A2C("MlpPolicy", "Acrobot-v1", n_steps=8, policy_kwargs={"net_arch": [8]},
+               device="cpu", seed=3)
+
+
+def _td3():
+    return TD3("MlpPolicy", "Pendulum-v1", buffer_size=200, learning_starts=20, batch_size=16,
                policy_kwargs={"net_arch": [8]}, device="cpu", seed=3)
 
 
@@ -80,8 +90,8 @@ def test_commits_every_n_steps_at_rollout_boundaries_and_at_the_end(repo):
 
 @pytest.mark.parametrize("make, n", [(_ppo, 64), (lambda: _ppo(make_vec_env("CartPole-v1",
                                                                             n_envs=2)), 128),
-                                     (_sac, 40), (_dqn, 60)],
-                         ids=["ppo", "ppo-2-envs", "sac", "dqn"])
+                                     (_a2c, 40), (_sac, 40), (_td3, 40), (_dqn, 60)],
+                         ids=["ppo", "ppo-2-envs", "a2c", "sac", "td3", "dqn"])
 def test_a_loaded_snapshot_trains_on_bit_for_bit(repo, make, n):
     straight = make()
     # the replay buffer is committed on request only: off-policy training samples from it

@@ -280,17 +280,19 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     for name in COUNTERS:
         if name in saved and hasattr(model, name):
             setattr(model, name, saved[name])
-    vec_env = model.get_env()
-    if info.get("exact", True) and gym_state.restore(getattr(vec_env, "envs", []),
-                                                     state.get("env")):
+    # (an eval commit is taken inside an env step: its env state is half way, and
+    # learn() starts from a reset instead, as where the env cannot be restored)
+    vec_env, exact = model.get_env(), info.get("exact", True)
+    if exact and gym_state.restore(getattr(vec_env, "envs", []), state.get("env")):
         getattr(vec_env, "_reset_seeds", lambda: None)()  # (the run reset long ago)
         model._last_obs = saved.get("last_obs")
         model._last_episode_starts = saved.get("last_episode_starts")
         if hasattr(model, "_last_original_obs"):
             model._last_original_obs = saved.get("last_original_obs")
-    else:  # learn() resets the env first: training goes on, but not bit-for-bit
-        warnings.warn(f"{rev}: the environment's state is not restored; training resumes "
-                      "after a reset", stacklevel=2)
+    elif exact:
+        warnings.warn(f"{rev}: the environment's state is not restored (another kind of "
+                      "env or VecEnv); training resumes after a reset, not bit-for-bit",
+                      stacklevel=2)
     window = model._stats_window_size
     from collections import deque
 

@@ -14,6 +14,7 @@ from stable_baselines3 import A2C, DQN, PPO, SAC, TD3  # noqa: E402
 from stable_baselines3.common.callbacks import EvalCallback  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.monitor import Monitor  # noqa: E402
+from stable_baselines3.common.vec_env import VecNormalize  # noqa: E402
 
 from vrl import VrlError  # noqa: E402
 from vrl.integrations import sb3, sb3_args  # noqa: E402
@@ -88,10 +89,16 @@ def test_commits_every_n_steps_at_rollout_boundaries_and_at_the_end(repo):
                model.policy.optimizer.state_dict()["state"].items())
 
 
+def _ppo_normalized():
+    return _ppo(VecNormalize(make_vec_env("Pendulum-v1", n_envs=2), gamma=0.9))
+
+
 @pytest.mark.parametrize("make, n", [(_ppo, 64), (lambda: _ppo(make_vec_env("CartPole-v1",
                                                                             n_envs=2)), 128),
-                                     (_a2c, 40), (_sac, 40), (_td3, 40), (_dqn, 60)],
-                         ids=["ppo", "ppo-2-envs", "a2c", "sac", "td3", "dqn"])
+                                     (_ppo_normalized, 128), (_a2c, 40), (_sac, 40),
+                                     (_td3, 40), (_dqn, 60)],
+                         ids=["ppo", "ppo-2-envs", "ppo-vec-normalize", "a2c", "sac", "td3",
+                              "dqn"])
 def test_a_loaded_snapshot_trains_on_bit_for_bit(repo, make, n):
     straight = make()
     # the replay buffer is committed on request only: off-policy training samples from it

@@ -208,7 +208,23 @@ def _capture(model: Any, replay_buffer: bool) -> dict[str, Any]:
                                                          None))
     if replay_buffer and getattr(model, "replay_buffer", None) is not None:
         state["replay_buffer"] = gym_state.attributes(model.replay_buffer)
+    norm = getattr(model, "_vec_normalize_env", None)
+    if norm is not None:  # its running statistics normalise every observation and reward
+        rms = getattr(norm, "obs_rms", None)  # (none without norm_obs; a dict for dict obs)
+        state["vec_normalize"] = {
+            "attrs": gym_state.attributes(norm), "ret_rms": gym_state.attributes(norm.ret_rms),
+            "obs_rms": {k: gym_state.attributes(v) for k, v in rms.items()}
+            if isinstance(rms, dict) else rms and gym_state.attributes(rms)}
     return state
+
+
+def _restore_vec_normalize(norm: Any, saved: dict[str, Any]) -> None:
+    gym_state.set_attributes(norm, saved["attrs"])
+    gym_state.set_attributes(norm.ret_rms, saved["ret_rms"])
+    rms = getattr(norm, "obs_rms", None)
+    for key, value in (saved["obs_rms"] or {}).items() if isinstance(rms, dict) else \
+            [(None, saved["obs_rms"])] if rms is not None else []:
+        gym_state.set_attributes(rms if key is None else rms[key], value)
 
 
 def _env_info(model: Any) -> dict[str, Any]:
@@ -247,21 +263,24 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
                        f"({', '.join(ALGORITHMS)})")
     cls = getattr(_sb3(), info["algo"])
     args = sb3_args.rebuild(commit.hparams, kwargs)
+    state = repo.load(oid, verify=True)
+    norm = state.get("vec_normalize")
     if env is None:
+        from stable_baselines3.common.env_util import make_vec_env
+        from stable_baselines3.common.vec_env import VecNormalize
+
         spec = info.get("env") or {}
         if not spec.get("id"):
             raise VrlError(f"{rev} records no registered environment id; pass env=")
         make = functools.partial(gymnasium.make, spec["id"],
                                  max_episode_steps=spec.get("max_episode_steps"),
                                  **sb3_args.from_json(spec.get("kwargs") or {}, "env"))
-        if spec.get("n_envs", 1) == 1:
-            env = make()
-        else:  # as make_vec_env builds them
-            from stable_baselines3.common.env_util import make_vec_env
-
-            env = make_vec_env(make, n_envs=spec["n_envs"])
+        env = make_vec_env(make, n_envs=spec.get("n_envs", 1))  # (as SB3 wraps a gym env)
+        if norm is not None:  # its settings; the statistics follow
+            env = VecNormalize(env, **{k: v for k, v in norm["attrs"].items() if k in (
+                "training", "norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma",
+                "epsilon", "norm_obs_keys")})
     model = cls(env=env, **args)
-    state = repo.load(oid, verify=True)
     model.policy.load_state_dict(state["model"])
     stored = {**state.get("optimizers", {}), **({"policy.optimizer": state["optimizer"]}
                                                  if "optimizer" in state else {})}
@@ -300,6 +319,11 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     model.ep_success_buffer = deque(saved.get("ep_success_buffer", []), maxlen=window)
     if "replay_buffer" in state and getattr(model, "replay_buffer", None) is not None:
         gym_state.set_attributes(model.replay_buffer, state["replay_buffer"])
+    if norm is not None and model._vec_normalize_env is not None:
+        _restore_vec_normalize(model._vec_normalize_env, norm)
+    elif norm is not None:
+        warnings.warn(f"{rev} was trained in a VecNormalize, and env= has none: "
+                      "observations are not normalised as they were", stacklevel=2)
     rng = gym_state.decode(state.get("action_space_rng"))
     if rng is not None:
         model.action_space._np_random = rng

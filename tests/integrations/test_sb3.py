@@ -87,6 +87,11 @@ def test_commits_every_n_steps_at_rollout_boundaries_and_at_the_end(repo):
     state = final.policy.optimizer.state_dict()["state"]
     assert all(torch.equal(state[i]["exp_avg"], v["exp_avg"]) for i, v in
                model.policy.optimizer.state_dict()["state"].items())
+    # an env built otherwise than the run's cannot take its state: training goes on from a
+    # reset, and load says so
+    with pytest.warns(UserWarning, match="environment's state is not restored"):
+        other = load(repo, env=make_vec_env("CartPole-v1", n_envs=2))
+    assert other._last_obs is None and other.num_timesteps == 192
 
 
 def _ppo_normalized():

@@ -17,6 +17,7 @@ import functools
 import math
 import os
 import warnings
+from collections import deque
 from typing import Any
 
 from vrl.errors import VrlError
@@ -249,11 +250,7 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     with its id and arguments). `kwargs` override recorded constructor arguments (say
     `device="cpu"`, or one that could not be recorded). HEAD does not move.
     """
-    _sb3()
-    import gymnasium
-    import torch
-    from stable_baselines3.common.save_util import recursive_getattr
-
+    sb3 = _sb3()
     repo = repo if isinstance(repo, Repo) else Repo(repo)
     oid = repo.resolve(rev)
     commit = repo.read_commit(oid)
@@ -261,32 +258,46 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     if not isinstance(info, dict) or info.get("algo") not in ALGORITHMS:
         raise VrlError(f"{rev} is not a snapshot of a Stable-Baselines3 model "
                        f"({', '.join(ALGORITHMS)})")
-    cls = getattr(_sb3(), info["algo"])
     args = sb3_args.rebuild(commit.hparams, kwargs)
     state = repo.load(oid, verify=True)
-    norm = state.get("vec_normalize")
     if env is None:
-        from stable_baselines3.common.env_util import make_vec_env
-        from stable_baselines3.common.vec_env import VecNormalize
+        env = _recorded_env(info.get("env") or {}, state.get("vec_normalize"), rev)
+    model = getattr(sb3, info["algo"])(env=env, **args)
+    _restore(model, state, info.get("exact", True), rev)
+    return model
 
-        spec = info.get("env") or {}
-        if not spec.get("id"):
-            raise VrlError(f"{rev} records no registered environment id; pass env=")
-        make = functools.partial(gymnasium.make, spec["id"],
-                                 max_episode_steps=spec.get("max_episode_steps"),
-                                 **sb3_args.from_json(spec.get("kwargs") or {}, "env"))
-        env = make_vec_env(make, n_envs=spec.get("n_envs", 1))  # (as SB3 wraps a gym env)
-        if norm is not None:  # its settings; the statistics follow
-            env = VecNormalize(env, **{k: v for k, v in norm["attrs"].items() if k in (
-                "training", "norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma",
-                "epsilon", "norm_obs_keys")})
-    model = cls(env=env, **args)
+
+def _recorded_env(spec: dict[str, Any], norm: dict[str, Any] | None, rev: str) -> Any:
+    """The env the run trained in, as SB3 builds it from a Gymnasium env (in a
+    VecNormalize with the run's settings where it had one; the statistics follow)."""
+    import gymnasium
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    if not spec.get("id"):
+        raise VrlError(f"{rev} records no registered environment id; pass env=")
+    make = functools.partial(gymnasium.make, spec["id"],
+                             max_episode_steps=spec.get("max_episode_steps"),
+                             **sb3_args.from_json(spec.get("kwargs") or {}, "env"))
+    env = make_vec_env(make, n_envs=spec.get("n_envs", 1))
+    if norm is None:
+        return env
+    settings = ("training", "norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma",
+                "epsilon", "norm_obs_keys")
+    return VecNormalize(env, **{k: v for k, v in gym_state.decode(norm["attrs"]).items()
+                                if k in settings})
+
+
+def _restore(model: Any, state: dict[str, Any], exact: bool, rev: str) -> None:
+    """Put a commit's training state into a model just built with its arguments."""
+    import torch
+    from stable_baselines3.common.save_util import recursive_getattr
+
     model.policy.load_state_dict(state["model"])
     stored = {**state.get("optimizers", {}), **({"policy.optimizer": state["optimizer"]}
                                                  if "optimizer" in state else {})}
     names, variables = model._get_torch_save_params()
-    # the names come from the model, never from the snapshot
-    for name in names:
+    for name in names:  # the names come from the model, never from the snapshot
         if name == "policy":
             continue
         if name not in stored:
@@ -299,9 +310,9 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     for name in COUNTERS:
         if name in saved and hasattr(model, name):
             setattr(model, name, saved[name])
-    # (an eval commit is taken inside an env step: its env state is half way, and
-    # learn() starts from a reset instead, as where the env cannot be restored)
-    vec_env, exact = model.get_env(), info.get("exact", True)
+    # (an eval commit is taken inside an env step: its env state is half way, and learn()
+    # starts from a reset instead, as where the env cannot be restored)
+    vec_env = model.get_env()
     if exact and gym_state.restore(getattr(vec_env, "envs", []), state.get("env")):
         getattr(vec_env, "_reset_seeds", lambda: None)()  # (the run reset long ago)
         model._last_obs = saved.get("last_obs")
@@ -311,24 +322,22 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     elif exact:
         warnings.warn(f"{rev}: the environment's state is not restored (another kind of "
                       "env or VecEnv); training resumes after a reset, not bit-for-bit",
-                      stacklevel=2)
+                      stacklevel=3)
     window = model._stats_window_size
-    from collections import deque
-
     model.ep_info_buffer = deque(saved.get("ep_info_buffer", []), maxlen=window)
     model.ep_success_buffer = deque(saved.get("ep_success_buffer", []), maxlen=window)
     if "replay_buffer" in state and getattr(model, "replay_buffer", None) is not None:
         gym_state.set_attributes(model.replay_buffer, state["replay_buffer"])
+    norm = state.get("vec_normalize")
     if norm is not None and model._vec_normalize_env is not None:
         _restore_vec_normalize(model._vec_normalize_env, norm)
     elif norm is not None:
         warnings.warn(f"{rev} was trained in a VecNormalize, and env= has none: "
-                      "observations are not normalised as they were", stacklevel=2)
+                      "observations are not normalised as they were", stacklevel=3)
     rng = gym_state.decode(state.get("action_space_rng"))
     if rng is not None:
         model.action_space._np_random = rng
     set_rng_state(state["rng"])  # last: building the model drew from every RNG
-    return model
 
 
 def _clone(tree: Any) -> Any:

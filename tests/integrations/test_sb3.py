@@ -135,8 +135,9 @@ def test_without_the_replay_buffer_a_resume_is_not_exact(repo):
 
 def test_the_best_tag_follows_the_best_evaluation(repo, tmp_path):
     model = _ppo()
-    evaluation = EvalCallback(Monitor(gym.make("CartPole-v1")), eval_freq=32, n_eval_episodes=2,
-                              verbose=0)
+    env = Monitor(gym.make("CartPole-v1"))
+    env.reset(seed=0)  # (the evaluations' episodes, the same at every run)
+    evaluation = EvalCallback(env, eval_freq=32, n_eval_episodes=2, verbose=0)
     callback = SnapshotCallback(repo, every=1000, eval_callback=evaluation)
     model.learn(256, callback=[evaluation, callback])
     evals = [(e.id, e.commit) for e in repo.log() if e.commit.meta["sb3"]["kind"] == "eval"]

@@ -18,13 +18,17 @@ import math
 import os
 import warnings
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vrl.errors import VrlError
 from vrl.integrations import gym_state, sb3_args
 from vrl.integrations.sb3_args import ALGORITHMS
 from vrl.repo import Repo
 from vrl.rng import rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.callbacks import BaseCallback
 
 __all__ = ["SnapshotCallback", "load", "ALGORITHMS"]
 
@@ -44,7 +48,7 @@ def _sb3() -> Any:
 
 def SnapshotCallback(repo: Repo | str | os.PathLike[str], every: int, *,  # noqa: N802
                      eval_callback: Any = None, replay_buffer: bool = False,
-                     **snapshotter: Any) -> Any:
+                     **snapshotter: Any) -> BaseCallback:
     """An SB3 `BaseCallback` that commits the model's training state to `repo`.
 
     Commits every `every` env steps (at the first rollout boundary after each multiple:
@@ -243,7 +247,7 @@ def _env_info(model: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- load
 def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None,
-         **kwargs: Any) -> Any:
+         **kwargs: Any) -> BaseAlgorithm:
     """The SB3 model committed at `rev`, ready to `learn(n, reset_num_timesteps=False)`.
 
     `env`: the environment to train in; None makes the recorded one (`gymnasium.make`

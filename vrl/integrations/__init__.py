@@ -1,0 +1,1 @@
+"""Integrations of vrl with training frameworks (each module imports its framework lazily)."""

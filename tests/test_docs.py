@@ -16,6 +16,16 @@ from docblocks import ROOT, Block, blocks, doc_files
 RUNNABLE = ("python", "setup")
 
 
+@pytest.fixture
+def torch_threads_kept():
+    """An example may set torch's thread count (docs/loops.md does): restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def _python_files():
     return [p for p in doc_files() if any(b.lang == "python" and not b.skip
                                           for b in blocks(p))]
@@ -31,7 +41,7 @@ def _compiled(block: Block):
 
 
 @pytest.mark.parametrize("path", _python_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_python_blocks_run(path, tmp_path, monkeypatch):
+def test_python_blocks_run(path, tmp_path, monkeypatch, torch_threads_kept):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VRL_AUTHOR", "docs-test")
     namespace = {"__name__": "__docs__"}

@@ -174,3 +174,39 @@ def test_without_lightning_a_one_line_error_says_what_to_install(monkeypatch):
 
     with pytest.raises(VrlError, match="vrl\\[lightning\\]"):
         vrl.hooks.lightning_callback("no-repository-needed-to-say-so")
+
+
+def test_hyperparameters_are_made_json_safe():
+    import numpy as np
+
+    from vrl.integrations.lightning import json_safe
+
+    safe = json_safe({"a": (1, 2.5), "b": np.float32(0.5), "c": torch.tensor(3),
+                      "d": float("inf"), "e": torch.zeros(1000), 4: None})
+    assert safe["a"] == [1, 2.5] and safe["b"] == 0.5 and safe["c"] == 3
+    assert safe["d"] == "inf" and safe["4"] is None
+    assert safe["e"].startswith("tensor(") and len(safe["e"]) <= 200
+
+
+class OddScheduler(torch.optim.lr_scheduler.StepLR):
+    def __init__(self, optimizer):
+        self.thing = object()  # in its state dict, and no JSON value
+        super().__init__(optimizer, step_size=1)
+
+
+class TinyOdd(Tiny):
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [opt], [OddScheduler(opt)]
+
+
+def test_a_scheduler_state_a_snapshot_cannot_hold_is_left_out(repo):
+    from vrl.integrations.lightning import SnapshotCallback
+
+    L.seed_everything(0, verbose=False)
+    fit(TinyOdd(), 1, [SnapshotCallback(repo, committer="thread")])
+    assert repo.load("HEAD")["lightning"]["schedulers"] == [None]
+    L.seed_everything(0, verbose=False)
+    trainer = fit(TinyOdd(), 2, [SnapshotCallback(repo, resume_from="HEAD",
+                                                  committer="thread")])
+    assert trainer.global_step == 8

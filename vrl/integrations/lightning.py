@@ -40,6 +40,8 @@ __all__ = ["SnapshotCallback", "restore"]  # noqa: F822 - SnapshotCallback: __ge
 
 INSTALL = "the Lightning integration needs PyTorch Lightning: pip install 'vrl[lightning]'"
 
+REPR_MAX = 200  # a hyperparameter that is no JSON value is stored as its repr, cut here
+
 _CALLBACK_CLASS: type | None = None  # built on first use: its base class is Lightning's
 
 
@@ -80,7 +82,8 @@ def json_safe(value: Any) -> Any:
     count = numel() if callable(numel) else getattr(value, "size", None)
     if count == 1 and callable(getattr(value, "item", None)):
         return json_safe(value.item())
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= REPR_MAX else text[:REPR_MAX - 3] + "..."
 
 
 def _scalar_metrics(metrics: Any) -> dict[str, float]:
@@ -113,8 +116,27 @@ def _training_state(trainer: Any, pl_module: Any, epoch: int) -> dict[str, Any]:
         "epoch": epoch,  # the epoch just finished (from 0, as Lightning's checkpoint names)
         "global_step": int(trainer.global_step),
         "batches_that_stepped": int(loop.epoch_loop._batches_that_stepped),
-        "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+        "schedulers": [_storable(c.scheduler.state_dict())
+                       for c in trainer.lr_scheduler_configs],
     }
+    return state
+
+
+def _storable(state: dict[str, Any]) -> dict[str, Any] | None:
+    """A scheduler's state dict, or None where it holds what a snapshot cannot (a custom
+    scheduler's objects): the snapshot is still taken, and a resume leaves that scheduler
+    as the module configured it."""
+    import json
+
+    def tensors_only(value: Any) -> Any:
+        if hasattr(value, "numel"):
+            return None
+        raise TypeError(type(value).__name__)
+
+    try:
+        json.dumps(state, default=tensors_only)
+    except (TypeError, ValueError):
+        return None
     return state
 
 
@@ -153,7 +175,8 @@ def restore(repo: Repo | str, rev: str, pl_module: Any, trainer: Any = None) -> 
     schedulers = info.get("schedulers", [])
     if len(schedulers) == len(trainer.lr_scheduler_configs):
         for config, sched_state in zip(trainer.lr_scheduler_configs, schedulers, strict=True):
-            config.scheduler.load_state_dict(sched_state)
+            if sched_state is not None:
+                config.scheduler.load_state_dict(sched_state)
     elif schedulers or trainer.lr_scheduler_configs:
         raise VrlError(f"snapshot {rev!r} holds {len(schedulers)} LR scheduler state(s), "
                        f"the module configures {len(trainer.lr_scheduler_configs)}")

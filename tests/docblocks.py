@@ -58,7 +58,8 @@ def blocks(path: Path) -> list[Block]:
             i = end + 1
             continue
         if fence:
-            end = next(j for j in range(i + 1, len(lines)) if lines[j] == fence.group(1))
+            end = next(j for j in range(i + 1, len(lines))
+                       if lines[j].rstrip() == fence.group(1))
             found.append(Block(path, i + 2, fence.group(2), "\n".join(lines[i + 1:end]) + "\n",
                                section, skip))
             skip, i = None, end + 1

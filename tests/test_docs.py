@@ -84,6 +84,9 @@ def test_a_failing_block_is_reported_with_its_place(tmp_path, monkeypatch):
         exec(_compiled(found[1]), namespace)
     where = traceback.extract_tb(caught.tb)[-1]
     assert (where.filename, where.lineno) == (str(doc), 9)
+    doc.write_text("<!-- docs-test: skipped because -->\n```python\npass\n```\n")
+    with pytest.raises(ValueError, match="broken.md:1: unknown docs-test marker"):
+        blocks(doc)  # a misspelt marker is an error, not a block run by mistake
 
 
 # ------------------------------------------------------------------ README's shell tour

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
 SKIP = re.compile(r"^<!--\s*docs-test:\s*skip\s*\((.+)\)\s*-->\s*$")
 SETUP = re.compile(r"^<!--\s*docs-test:\s*setup\s*$")
-MARKER = re.compile(r"<!--\s*docs-test:")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:")
 
 
 @dataclass
@@ -67,7 +67,7 @@ def blocks(path: Path) -> list[Block]:
         marked = SKIP.match(line)
         if marked:
             skip = marked.group(1)
-        elif MARKER.search(line):
+        elif MARKER.match(line):  # (one in prose, inside backquotes, is no marker)
             raise ValueError(f"{path.name}:{i + 1}: unknown docs-test marker: {line}")
         elif line.strip():
             skip = None  # (a skip marker applies to the fence right after it only)

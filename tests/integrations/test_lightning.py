@@ -157,6 +157,10 @@ def test_the_old_names_build_the_same_callback(repo):
         callback = factory(repo, every=2, branch="x")
         assert isinstance(callback, SnapshotCallback) and isinstance(callback, L.Callback)
         assert callback.every == 2 and callback.snapshotter_args == {"branch": "x"}
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(SnapshotCallback("runs", every=3)))  # (ddp_spawn)
+    assert type(copy) is SnapshotCallback and copy.every == 3
 
 
 def test_without_lightning_a_one_line_error_says_what_to_install(monkeypatch):

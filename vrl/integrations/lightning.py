@@ -275,5 +275,6 @@ def _make_callback_class(base: type) -> type:
             if snap is not None:
                 snap.close()
 
-    SnapshotCallback.__module__ = __name__
+    # named as where it is found (module `__getattr__`), so pickle finds it (ddp_spawn)
+    SnapshotCallback.__module__, SnapshotCallback.__qualname__ = __name__, "SnapshotCallback"
     return SnapshotCallback

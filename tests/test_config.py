@@ -170,7 +170,7 @@ def test_cli_hand_edited_grace_is_an_error_until_fixed(ws):
 def test_core_partial_false_is_not_partial(tmp_path, value, lazy):
     """`partial = false` under [core] is a full clone again: a fetch downloads tensors (it
     was read as a non-empty string, true whatever it said)."""
-    from vrl.remote.stores import LocalRemote
+    from vrl.remote.local import LocalRemote
     from vrl.remote.transfer import clone, fetch, push
 
     upstream = Repo.init(tmp_path / "a")

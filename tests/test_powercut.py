@@ -244,7 +244,7 @@ def run_transfers(tmp_path: Path, monkeypatch, ignore: frozenset[str] = frozense
     branch in new directories), under the I/O layer; a cut at every step of the transfers.
     Repository `a` and its first commit exist before (their cuts are the sweep above's)."""
     from vrl.remote import pushing
-    from vrl.remote.stores import LocalRemote
+    from vrl.remote.local import LocalRemote
     from vrl.remote.transfer import clone, fetch, push
 
     # critic.weight (77 KB) goes loose: the cuts cover both ways a push sends objects
@@ -302,7 +302,7 @@ def _loads_exactly(repo: Repo, tip: str | None, cid: str, state: dict[str, torch
 def check_transfer_cut(cut: TransferCut, where: Path) -> list[str]:
     """Rebuild the durable tree; check both repositories and the remote (by fetching all
     of it into a fresh repository)."""
-    from vrl.remote.stores import LocalRemote
+    from vrl.remote.local import LocalRemote
     from vrl.remote.transfer import fetch
 
     rebuild(cut.tree, where)

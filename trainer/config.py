@@ -157,7 +157,7 @@ class PPOConfig:
     vf_coef: float = 0.5
     """value loss coefficient"""
     max_grad_norm: float = 0.3
-    """global gradient-norm clip (the seed's ``grad_clip``)"""
+    """global gradient-norm clip (the original GSPO recipe's ``grad_clip``)"""
     target_kl: float | None = None
     """stop the epochs of an update early when approx-KL exceeds this (None: never)"""
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
@@ -197,27 +197,28 @@ class PPOConfig:
 class GSPOConfig(PPOConfig):
     """Gradient-Shaped Policy Optimization: PPO plus three switchable mechanisms.
 
-    Defaults are the seed's: gamma 0.99, lambda 0.95, epsilon 0.2 decaying by 0.995,
-    grad_clip 0.3, hessian_interval 5, 10 epochs, 32 minibatches, except ``num_steps``:
-    the seed's 2048 steps per slot would make 2048 x 160 samples per warehouse update, so
+    Defaults are the original GSPO recipe's (docs/trainer.md): gamma 0.99, lambda 0.95,
+    epsilon 0.2 decaying by 0.995, grad_clip 0.3, hessian_interval 5, 10 epochs, 32
+    minibatches, except ``num_steps``:
+    the recipe's 2048 steps per slot would make 2048 x 160 samples per warehouse update, so
     it is 128 as for PPO.
     With ``shaper``, ``radius`` and ``replay`` all False it is exactly PPO with
     ``clip_coef = epsilon_base``.
     """
 
     num_steps: int = 128
-    """steps per environment per rollout (seed: n_steps 2048, per env of a single-agent env)"""
+    """steps per environment per rollout (original recipe: n_steps 2048 per env)"""
     num_minibatches: int = 32
-    """minibatches per epoch (seed: 32)"""
+    """minibatches per epoch (original recipe: 32)"""
     update_epochs: int = 10
-    """epochs over each rollout (seed: noptepochs 10)"""
+    """epochs over each rollout (original recipe: noptepochs 10)"""
     max_grad_norm: float = 0.3
-    """global gradient-norm clip (seed: grad_clip 0.3)"""
+    """global gradient-norm clip (original recipe: grad_clip 0.3)"""
 
     shaper: bool = True
     """mechanism 1: damp gradients of high-curvature, oscillating parameters"""
     hessian_interval: int = 5
-    """estimate the Hessian diagonal every this many optimizer steps (seed: 5)"""
+    """estimate the Hessian diagonal every this many optimizer steps (original recipe: 5)"""
     hessian_probes: int = 1
     """Rademacher probes per Hutchinson estimate"""
     shaper_beta: float = 0.9
@@ -228,9 +229,9 @@ class GSPOConfig(PPOConfig):
     radius: bool = True
     """mechanism 2: per-layer trust radius around a decaying global epsilon"""
     epsilon_base: float = 0.2
-    """initial global epsilon; also the surrogate clip coefficient in GSPO (seed: 0.2)"""
+    """initial global epsilon; also the surrogate clip coefficient in GSPO (original recipe: 0.2)"""
     epsilon_decay: float = 0.995
-    """epsilon multiplier applied once per update iteration (rollout + update) (seed: 0.995)"""
+    """epsilon multiplier applied once per update iteration, rollout + update (original: 0.995)"""
     epsilon_min: float = 0.05
     """floor of the global epsilon so it cannot collapse over a long run"""
     radius_scale: float = 0.05

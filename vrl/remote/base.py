@@ -40,6 +40,15 @@ def pack_key(name: str) -> str:
     return f"{PACK_PREFIX}pack-{name}.pack"
 
 
+LOCK_TIMEOUT = 20.0  # seconds a ref lock is waited for on a remote
+
+
+def is_temp_key(name: str) -> bool:
+    """True for a remote's temporary, lock or stale-lock file (never an object or ref)."""
+    base = name.rsplit("/", 1)[-1]
+    return base.startswith(".tmp-") or base.endswith(".lock") or ".stale-" in base
+
+
 MAX_REF_BYTES = 4096  # a ref is 65 bytes; HEAD a short "ref: refs/heads/..." line
 MAX_REF_NAME = 1024
 

@@ -48,7 +48,8 @@ from vrl.objects import (
 )
 from vrl.remote import add_remote, clone, fetch, fetching, open_named, pull, push
 from vrl.remote.base import PACK_PREFIX, KeyMissing, RemoteStore, object_key
-from vrl.remote.stores import FsspecRemote, LocalRemote, S3Remote
+from vrl.remote.local import LocalRemote
+from vrl.remote.stores import FsspecRemote, S3Remote
 from vrl.repo import Repo
 from vrl.testing.remote_conformance import RemoteCase
 
@@ -397,7 +398,7 @@ ATTACKS = st.one_of(damaged_object(), forged_manifest(), forged_commit(), damage
 
 
 def size_bomb(a: Attack) -> None:
-    """The bomb of issue 9.6, always tried: an empty tensor named as 4 GiB of float32."""
+    """A decompression-style bomb, always tried: an empty tensor named as 4 GiB of float32."""
     tensors = {"w": {"id": a.known.empty, "dtype": "float32", "shape": [1 << 30],
                      "nbytes": 0}}
     mid = a.forge("manifest", _json({"format": 1, "tensors": tensors, "tree": {"$t": "w"}}))

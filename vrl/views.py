@@ -605,3 +605,55 @@ def diff(repo: Repo, a: str, b: str, threshold: float | None = None) -> dict[str
     except (PrunedError, ObjectNotFoundError) as exc:
         out["diff"], out["error"] = None, str(exc)
     return out
+
+
+# ---------------------------------------------------------------------------- lineage
+
+
+def setting_changes(new: dict[str, Any], old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The flattened keys whose values differ from `old` to `new` ({key, value, old,
+    status: added / removed / changed}); none where either side records nothing (a
+    commit made without hyperparameters or environment leaves them unknown, not unset)."""
+    if not new or not old:
+        return []
+    return [entry for entry in _changes(new, old) if entry["status"] != "same"]
+
+
+def hparam_changes(repo: Repo, oid: ObjectId) -> list[dict[str, Any]]:
+    """The hyperparameters commit `oid` changed against its first parent (see
+    `setting_changes`; none for a root commit or a parent beyond a shallow history)."""
+    history = History.of(repo)
+    commit = history.commit(oid)
+    if not commit.parents or not history.has(commit.parents[0]):
+        return []
+    return setting_changes(commit.hparams, history.commit(commit.parents[0]).hparams)
+
+
+def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
+    """The first commit of each run's own (after its branch point), with where it forked:
+    {id: {"run": the run it starts, "from": the run it forked from, "id": the commit it
+    forked at, "step": that commit's step}}. The runs and branch points are those of
+    `runs()` (every local branch, and remote-tracking branches no local one shows), less
+    one: a branch created later at an older commit of a run (a bookmark, or a fork not
+    trained yet) is no run that run forked from."""
+    history = History.of(repo)
+    chosen = _select_runs(repo, None, False)
+    points = _branch_points(history, [oid for _, _, oid in chosen],
+                            [name for name, _, _ in chosen])
+    runs_by_name = {name: (ref, oid) for name, ref, oid in chosen}
+    out: dict[ObjectId, dict[str, Any]] = {}
+    for (name, _, oid), point in zip(chosen, points, strict=True):
+        if point is None:
+            continue
+        first = history.line(oid)[point["index"] + 1]
+        ref, head = runs_by_name[point["run"]]
+        # The other run ends at the branch point: the graph alone cannot tell whether
+        # this run forked from it, or it was made later on this run's older commit; its
+        # reflog's first line (its creation) can (none left: taken as a fork, as runs()).
+        if head == point["id"] and ref is not None:
+            log = repo.refs.reflog(ref)
+            if log and log[-1].time > history.commit(first).time:
+                continue
+        out.setdefault(first, {"run": name, "from": point["run"], "id": point["id"],
+                               "step": point["step"]})
+    return out

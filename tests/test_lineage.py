@@ -160,4 +160,20 @@ def test_a_fork_made_by_train_from_shows_in_log_show_and_diff(ws, capsys):
     code, out, _ = vrl(capsys, "show", "lr-low")
     assert f"\nF{fork[1:]}\n" in out and "\n  learning_rate: 0.00025 -> 0.0001\n" in out
     code, out, _ = vrl(capsys, "diff", "small", "lr-low")
+    assert f"\nsmall and lr-low share history up to {point[:12]} (step " in out
     assert "\nHyperparameters:\n  learning_rate: 0.00025 -> 0.0001\n" in out
+
+
+def test_diff_of_two_runs_says_where_they_part(hist, capsys):
+    _, ids = hist
+    code, out, _ = vrl(capsys, "diff", "main", "exp2")
+    assert code == 0
+    assert (f"new\n\nmain and exp2 share history up to {ids['main'][2][:12]} (step 20)\n\n"
+            "Hyperparameters:\n  extra: (unset) -> True\n  lr: 0.1 -> 0.3\n") in out
+    code, out, _ = vrl(capsys, "diff", "--json", "main", "exp2")
+    assert json.loads(out)["common_ancestor"] == ids["main"][2]
+    # one run's line: nothing to say
+    code, out, _ = vrl(capsys, "diff", "main~3", "main")
+    assert "share history" not in out
+    code, out, _ = vrl(capsys, "diff", "--json", "main~3", "main")
+    assert json.loads(out)["common_ancestor"] == ids["main"][1]

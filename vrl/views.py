@@ -657,3 +657,23 @@ def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
         out.setdefault(first, {"run": name, "from": point["run"], "id": point["id"],
                                "step": point["step"]})
     return out
+
+
+def common_ancestor(repo: Repo, a: ObjectId, b: ObjectId) -> ObjectId | None:
+    """The newest commit (by time) that both `a` and `b` descend from or are, as git's
+    merge base; None for unrelated histories."""
+    import heapq
+
+    history = History.of(repo)
+    ours = set(history.reachable([a]))
+    seen = {b}
+    ready = [(_neg(history.commit(b).time), b)] if history.has(b) else []
+    while ready:
+        _, oid = heapq.heappop(ready)
+        if oid in ours:
+            return oid
+        for p in history.commit(oid).parents:
+            if p not in seen and history.has(p):
+                seen.add(p)
+                heapq.heappush(ready, (_neg(history.commit(p).time), p))
+    return None

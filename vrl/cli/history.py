@@ -233,7 +233,8 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
     optimizer state by parameter, and other state (RNG, environment, counters). Between
     two snapshots, the hyperparameters and environment that differ follow the layers.
     """
-    settings: dict[str, list[dict[str, Any]]] = {}
+    settings: dict[str, Any] = {}
+    apart = ""  # where two diverged runs last shared a snapshot
     if a is None:
         state, result = repo.workspace_status()
         if result is None:
@@ -250,11 +251,22 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
         result = result.with_layout(new.meta)
         old_id = repo.resolve(a) if b is not None else (new.parents or [None])[0]
         settings = _setting_diffs(repo, old_id, new)
+        if b is not None and old_id is not None:
+            from vrl import views
+
+            base = views.common_ancestor(repo, old_id, repo.resolve(b))
+            settings["common_ancestor"] = base
+            if base is not None and base not in (old_id, repo.resolve(b)):
+                step = repo.read_commit(base).step
+                at = f" (step {step})" if step is not None else ""
+                apart = safe(f"{a} and {b} share history up to {short(base)}{at}", True)
     result = result.with_only(only)
     if as_json:
         echo_json({**result.to_json(), **settings})
         return
     click.echo(render_diff(result, only_changed=not show_all))
+    if apart:
+        click.echo(f"\n{apart}")
     for title, key in (("Hyperparameters", "hparams"), ("Environment", "env")):
         if settings.get(key):
             click.echo(f"\n{title}:")

@@ -614,7 +614,7 @@ def setting_changes(new: dict[str, Any], old: dict[str, Any]) -> list[dict[str, 
     """The flattened keys whose values differ from `old` to `new` ({key, value, old,
     status: added / removed / changed}); none where either side records nothing (a
     commit made without hyperparameters or environment leaves them unknown, not unset)."""
-    if not new or not old:
+    if not new or not old or (new == old and _same(new, old)):  # (most commits: fast)
         return []
     return [entry for entry in _changes(new, old) if entry["status"] != "same"]
 

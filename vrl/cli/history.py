@@ -116,6 +116,7 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
                  first_line(e.commit.message)] for e in entries]
         click.echo(table(["commit", "step", *names, "message"], rows))
         return
+    views.History.of(repo).remember((e.id, e.commit) for e in entries)
     fork_of = views.forks(repo) if entries else {}
     if as_json:
         echo_json([_entry_json(e, fork_of.get(e.id), views.hparam_changes(repo, e.id))

@@ -177,3 +177,14 @@ def test_diff_of_two_runs_says_where_they_part(hist, capsys):
     assert "share history" not in out
     code, out, _ = vrl(capsys, "diff", "--json", "main~3", "main")
     assert json.loads(out)["common_ancestor"] == ids["main"][1]
+
+
+def test_a_value_of_another_type_is_a_change(ws, capsys):
+    """1, 1.0 and True are equal in Python but not in a config: compared as stored."""
+    repo = Repo.init(ws)
+    repo.commit(state(0), env=False, hparams={"a": 1, "b": [1, {"c": True}]}, message="x")
+    repo.commit(state(1), env=False, hparams={"a": 1.0, "b": [1, {"c": 1}]}, message="y")
+    repo.commit(state(2), env=False, hparams={"a": 1.0, "b": [1, {"c": 1}]}, message="z")
+    code, out, _ = vrl(capsys, "log", "--oneline")
+    assert out.splitlines()[0].endswith(" z")
+    assert out.splitlines()[1].endswith(' y [a 1 -> 1.0, b [1, {"c": true}] -> [1, {"c": 1}]]')

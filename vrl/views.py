@@ -614,9 +614,22 @@ def setting_changes(new: dict[str, Any], old: dict[str, Any]) -> list[dict[str, 
     """The flattened keys whose values differ from `old` to `new` ({key, value, old,
     status: added / removed / changed}); none where either side records nothing (a
     commit made without hyperparameters or environment leaves them unknown, not unset)."""
-    if not new or not old or (new == old and _same(new, old)):  # (most commits: fast)
+    if not new or not old or (new == old and _same_types(new, old)):  # most commits
         return []
     return [entry for entry in _changes(new, old) if entry["status"] != "same"]
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """Whether two equal values (`a == b`) hold the same types throughout, so that they
+    are `_same` too (1, 1.0 and True are equal in Python) - without JSON text, which cost
+    `vrl log` more than reading the commits."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return all(_same_types(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return all(_same_types(x, y) for x, y in zip(a, b, strict=True))
+    return True
 
 
 def hparam_changes(repo: Repo, oid: ObjectId) -> list[dict[str, Any]]:

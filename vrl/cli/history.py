@@ -46,8 +46,15 @@ def _decorations(entry: LogEntry, head_target: str | None, detached_at: str | No
 
 
 def _value(value: Any) -> str:
-    # every digit of a float (fmt_num's 4 would print 0.30001 -> 0.30002 as 0.3 -> 0.3)
-    return repr(value) if isinstance(value, float) else fmt_num(value)
+    # every digit of a float (fmt_num's 4 would print 0.30001 -> 0.30002 as 0.3 -> 0.3),
+    # and lists as JSON (true and 1 differ there, as they do in the stored config)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, dict)):
+        import json
+
+        return safe(json.dumps(value, sort_keys=True, default=str), True)
+    return fmt_num(value)
 
 
 def change_text(entry: dict[str, Any], sep: str = ": ") -> str:

@@ -110,6 +110,7 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
     A run's first snapshot names the run it forked from, and a snapshot whose
     hyperparameters differ from its parent's lists the changes."""
     from vrl import views
+    from vrl.history import History
 
     entries = repo.log(rev, max_count=max_count)
     warn_damaged_refs(repo)
@@ -123,7 +124,7 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
                  first_line(e.commit.message)] for e in entries]
         click.echo(table(["commit", "step", *names, "message"], rows))
         return
-    views.History.of(repo).remember((e.id, e.commit) for e in entries)
+    History.of(repo).remember((e.id, e.commit) for e in entries)  # read once, not twice
     fork_of = views.forks(repo) if entries else {}
     if as_json:
         echo_json([_entry_json(e, fork_of.get(e.id), views.hparam_changes(repo, e.id))
@@ -255,16 +256,17 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
             result = result.with_threshold(threshold)
     else:
         result = repo.diff(a, b, threshold=threshold)
-        new = repo.read_commit(repo.resolve(b or a))
+        new_id = repo.resolve(b or a)
+        new = repo.read_commit(new_id)
         result = result.with_layout(new.meta)
         old_id = repo.resolve(a) if b is not None else (new.parents or [None])[0]
         settings = _setting_diffs(repo, old_id, new)
         if b is not None and old_id is not None:
             from vrl import views
 
-            base = views.common_ancestor(repo, old_id, repo.resolve(b))
+            base = views.common_ancestor(repo, old_id, new_id)
             settings["common_ancestor"] = base
-            if base is not None and base not in (old_id, repo.resolve(b)):
+            if base is not None and base not in (old_id, new_id):  # not one line
                 step = repo.read_commit(base).step
                 at = f" (step {step})" if step is not None else ""
                 apart = safe(f"{a} and {b} share history up to {short(base)}{at}", True)
@@ -282,7 +284,7 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
                 click.echo(f"  {change_text(entry)}")
 
 
-def _setting_diffs(repo: Repo, old_id: str | None, new: Any) -> dict[str, list[dict[str, Any]]]:
+def _setting_diffs(repo: Repo, old_id: str | None, new: Any) -> dict[str, Any]:
     """{"hparams": changes, "env": changes} from commit `old_id` (None: a root) to `new`."""
     from vrl import views
 

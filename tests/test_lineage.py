@@ -113,22 +113,25 @@ def test_unrecorded_settings_are_no_change(ws, capsys):
     assert "Hyperparameters" not in out and "Environment" not in out
 
 
-def test_a_branch_made_later_at_an_older_commit_is_no_fork(ws, capsys):
-    """A run forked at another's last snapshot, and a bookmark branch made later at an
-    older snapshot of a run, have the same graph: the bookmark's reflog tells them apart."""
+def test_a_run_that_went_on_past_a_branch_did_not_fork_from_it(ws, capsys):
+    """A fork from another run's last snapshot, and a run going on past a branch made at
+    its snapshot (a bookmark), have the same graph: the runs' reflogs tell them apart."""
     repo = Repo.init(ws)
     ids = [repo.commit({"w": np.full(2, i, np.float32)}, env=False, hparams={"lr": 0.1},
                        step=i, message=f"main {i}") for i in range(2)]
-    repo.branch("bookmark", ids[0])  # made after main 1
+    repo.branch("older", ids[0])  # made after main 1, at main 0
+    repo.branch("bookmark", ids[1])  # made at main's head, then main goes on
+    ids.append(repo.commit({"w": np.full(2, 2, np.float32)}, env=False,
+                           hparams={"lr": 0.1}, step=2, message="main 2"))
     code, out, _ = vrl(capsys, "log", "--oneline")
     assert "forked" not in out
-    # a fork at a run's last snapshot, trained after the branch was made
-    repo.branch("lr-low", ids[1])
+    # a fork at a run's last snapshot
+    repo.branch("lr-low", ids[2])
     fork = repo.commit({"w": np.full(2, 9, np.float32)}, env=False, hparams={"lr": 0.01},
-                       step=2, message="fork", ref="refs/heads/lr-low")
+                       step=3, message="fork", ref="refs/heads/lr-low")
     code, out, _ = vrl(capsys, "log", "--oneline", "-n", "1", "lr-low")
-    assert out == (f"{fork[:12]} (lr-low) fork [forked from main at step 1 "
-                   f"({ids[1][:12]}); lr 0.1 -> 0.01]\n")
+    assert out == (f"{fork[:12]} (lr-low) fork [forked from main at step 2 "
+                   f"({ids[2][:12]}); lr 0.1 -> 0.01]\n")
 
 
 def test_oneline_counts_the_changes_past_three(ws, capsys):
@@ -188,3 +191,32 @@ def test_a_value_of_another_type_is_a_change(ws, capsys):
     code, out, _ = vrl(capsys, "log", "--oneline")
     assert out.splitlines()[0].endswith(" z")
     assert out.splitlines()[1].endswith(' y [a 1 -> 1.0, b [1, {"c": true}] -> [1, {"c": 1}]]')
+
+
+def test_a_clone_names_the_forks_of_its_remote(ws, capsys):
+    """A clone makes its branches (and remote-tracking ones) after every snapshot: no
+    reflog of it can say a run was made later than the one forked from it."""
+    import os
+
+    (ws / "a").mkdir()
+    os.chdir(ws / "a")
+    repo = Repo.init(".")
+    ids = [repo.commit({"w": np.full(2, i, np.float32)}, env=False, hparams={"lr": 0.1},
+                       step=i, message=f"main {i}") for i in range(2)]
+    repo.branch("lr-low", ids[1])  # forked at main's last snapshot
+    fork = repo.commit({"w": np.full(2, 9, np.float32)}, env=False, hparams={"lr": 0.01},
+                       step=2, message="fork", ref="refs/heads/lr-low")
+    vrl(capsys, "remote", "add", "origin", str(ws / "shared.vrl"))
+    assert vrl(capsys, "push", "-q", "--create", "--all")[0] == 0
+    os.chdir(ws)
+    assert vrl(capsys, "clone", str(ws / "shared.vrl"), "b", "-q")[0] == 0
+    os.chdir(ws / "b")
+    code, out, err = vrl(capsys, "log", "--oneline", "-n", "1", "origin/lr-low")
+    assert code == 0, err
+    # (the clone checked out the newest branch, lr-low; main is origin's)
+    assert out == (f"{fork[:12]} (HEAD -> lr-low, origin/lr-low) fork [forked from "
+                   f"origin/main at step 1 ({ids[1][:12]}); lr 0.1 -> 0.01]\n")
+    vrl(capsys, "checkout", "-b", "main", "origin/main")  # made now, at the fork point
+    code, out, err = vrl(capsys, "log", "--oneline", "-n", "1", "lr-low")
+    assert out == (f"{fork[:12]} (lr-low, origin/lr-low) fork [forked from main at step 1 "
+                   f"({ids[1][:12]}); lr 0.1 -> 0.01]\n"), err

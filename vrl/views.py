@@ -20,7 +20,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -647,29 +647,43 @@ def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
     {id: {"run": the run it starts, "from": the run it forked from, "id": the commit it
     forked at, "step": that commit's step}}. The runs and branch points are those of
     `runs()` (every local branch, and remote-tracking branches no local one shows), less
-    one: a branch created later at an older commit of a run (a bookmark, or a fork not
-    trained yet) is no run that run forked from."""
+    the branches made at a snapshot of a run that then went on (a bookmark, or a fork
+    not trained yet): no run forked from them."""
     history = History.of(repo)
     chosen = _select_runs(repo, None, False)
-    points = _branch_points(history, [oid for _, _, oid in chosen],
-                            [name for name, _, _ in chosen])
-    runs_by_name = {name: (ref, oid) for name, ref, oid in chosen}
+    lines = {name: history.line(oid) for name, _, oid in chosen}
+    places = {name: {oid: i for i, oid in enumerate(line)} for name, line in lines.items()}
+    went_on = {name: _went_on(repo, ref, lines[name]) for name, ref, _ in chosen
+               if ref is not None}
+    runs = [(name, oid) for name, _, oid in chosen
+            if not any(head != oid and oid in places[other] and
+                       other in went_on and went_on[other](places[other][oid])
+                       for other, _, head in chosen)]
+    points = _branch_points(history, [oid for _, oid in runs], [name for name, _ in runs])
     out: dict[ObjectId, dict[str, Any]] = {}
-    for (name, _, oid), point in zip(chosen, points, strict=True):
-        if point is None:
-            continue
-        first = history.line(oid)[point["index"] + 1]
-        ref, head = runs_by_name[point["run"]]
-        # The other run ends at the branch point: the graph alone cannot tell whether
-        # this run forked from it, or it was made later on this run's older commit; its
-        # reflog's first line (its creation) can (none left: taken as a fork, as runs()).
-        if head == point["id"] and ref is not None:
-            log = repo.refs.reflog(ref)
-            if log and log[-1].time > history.commit(first).time:
-                continue
-        out.setdefault(first, {"run": name, "from": point["run"], "id": point["id"],
-                               "step": point["step"]})
+    for (name, _), point in zip(runs, points, strict=True):
+        if point is not None:
+            out.setdefault(lines[name][point["index"] + 1],
+                           {"run": name, "from": point["run"], "id": point["id"],
+                            "step": point["step"]})
     return out
+
+
+def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool]:
+    """Whether the run of `ref` (its first-parent `line`) went on from its snapshot at
+    index i, rather than forking there (as a function of i).
+
+    The graph alone cannot tell a run that forked from another's last snapshot from one
+    that went on past a branch made at its snapshot. The run's reflog can: a run whose
+    ref was made before that snapshot, or by committing it, went on; one made there or
+    later (as `vrl train --from` makes a fork, or a clone) forked there. Without a
+    reflog: forked, as runs() takes it."""
+    log = repo.refs.reflog(ref)
+    if not log or log[-1].new not in line:
+        return lambda i: False
+    born = line.index(log[-1].new)
+    by_commit = log[-1].reason.startswith("commit")
+    return lambda i: born < i or (born == i and by_commit)
 
 
 def common_ancestor(repo: Repo, a: ObjectId, b: ObjectId) -> ObjectId | None:

@@ -160,6 +160,8 @@ def test_a_fork_made_by_train_from_shows_in_log_show_and_diff(ws, capsys):
     line = out.splitlines()[0]  # (the message holds the return)
     assert line.startswith(f"{first[:12]} (HEAD -> lr-low, tag: best/lr-low) iter 3") and \
         line.endswith(f" [{fork}; learning_rate 0.00025 -> 0.0001]")
+    code, out, _ = vrl(capsys, "log", "--oneline", "small")
+    assert "forked" not in out  # the run lr-low forked from
     code, out, _ = vrl(capsys, "show", "lr-low")
     assert f"\nF{fork[1:]}\n" in out and "\n  learning_rate: 0.00025 -> 0.0001\n" in out
     code, out, _ = vrl(capsys, "diff", "small", "lr-low")

@@ -95,24 +95,77 @@ def _oneline_notes(fork: dict[str, Any] | None, changes: list[dict[str, Any]]) -
     return f" [{'; '.join(notes)}]" if notes else ""
 
 
+def _walk(repo: Repo, revs: tuple[str, ...], all_refs: bool, max_count: int | None,
+          full: bool) -> tuple[list[LogEntry], set[str]]:
+    """The commits reachable from `revs` (with `all_refs`: from every branch, tag,
+    remote-tracking branch and HEAD too), each after its children, newest first among
+    those ready; and the ids reachable past `max_count` (their edges run on below the
+    last one shown). Commits are read without their layer statistics unless `full`."""
+    from vrl.graph_text import topo_order
+    from vrl.history import History
+
+    history = History.of(repo)
+    heads = [repo.resolve(rev) for rev in revs]
+    refs = repo.refs.list()
+    if all_refs:
+        heads += [oid for ref, oid in refs.items()
+                  if ref.startswith(("refs/heads/", "refs/tags/", "refs/remotes/"))]
+        head = repo.head()
+        if head is not None:
+            heads.append(head)
+    known: dict[str, list[str]] = {}
+
+    def parents(oid: str) -> list[str]:  # those this repository holds (not past a shallow end)
+        if oid not in known:
+            known[oid] = [p for p in history.commit(oid).parents if history.has(p)]
+        return known[oid]
+
+    order = topo_order([h for h in dict.fromkeys(heads) if history.has(h)], parents,
+                       lambda oid: history.commit(oid).time)
+    shown = order if max_count is None else order[:max(max_count, 0)]
+    names: dict[str, list[str]] = {}
+    for ref, oid in refs.items():
+        names.setdefault(oid, []).append(ref)
+    read = repo.read_commit if full else history.commit
+    entries = [LogEntry(oid, read(oid), tuple(names.get(oid, ()))) for oid in shown]
+    return entries, set(order[len(shown):])
+
+
 @click.command()
-@click.argument("rev", default="HEAD")
+@click.argument("revs", nargs=-1, metavar="[REV]...")
 @click.option("-n", "--max-count", type=int, default=None, help="Show at most N commits.")
 @click.option("--oneline", is_flag=True, help="One line per commit.")
+@click.option("--graph", is_flag=True,
+              help="Draw the branches and merges beside the commits, as git does (children "
+                   "before their parents).")
+@click.option("--all", "all_refs", is_flag=True,
+              help="Start from every branch, tag, remote-tracking branch and HEAD.")
 @click.option("--metrics", "metric_names", default=None, metavar="A,B",
               help="Show these metrics as columns.")
 @json_option
 @pass_repo
-def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names: str | None,
-        as_json: bool) -> None:
-    """Show the history of snapshots reachable from REV.
+def log(repo: Repo, revs: tuple[str, ...], max_count: int | None, oneline: bool, graph: bool,
+        all_refs: bool, metric_names: str | None, as_json: bool) -> None:
+    """Show the history of snapshots reachable from REV (HEAD by default; several REVs
+    and --all show each commit once).
 
     A run's first snapshot names the run it forked from, and a snapshot whose
     hyperparameters differ from its parent's lists the changes."""
     from vrl import views
     from vrl.history import History
 
-    entries = repo.log(rev, max_count=max_count)
+    if graph and (as_json or metric_names is not None):
+        raise click.UsageError("--graph draws the text log; it does not combine with "
+                               "--json or --metrics")
+    below: set[str] = set()
+    if graph or all_refs or len(revs) > 1:
+        if not revs and not all_refs and repo.head() is None:
+            entries: list[LogEntry] = []
+        else:
+            entries, below = _walk(repo, revs or (() if all_refs else ("HEAD",)), all_refs,
+                                   max_count, full=as_json)
+    else:
+        entries = repo.log(revs[0] if revs else "HEAD", max_count=max_count)
     warn_damaged_refs(repo)
     if not entries and not as_json:
         click.echo("No commits yet")
@@ -132,32 +185,43 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
         return
     head_target = repo.refs.head_target()
     detached_at = repo.head() if head_target is None else None
-    out: list[str] = []  # written at once: a click.echo per line cost more than the log
-    for e in entries:
-        c = e.commit
-        decorations = _decorations(e, head_target, detached_at)
-        fork, changes = fork_of.get(e.id), views.hparam_changes(repo, e.id)
-        if oneline:
-            out.append(f"{color(short(e.id), 'yellow')}{decorations} {first_line(c.message)}"
-                       f"{_oneline_notes(fork, changes)}")
-            continue
-        out.append(color(f"commit {e.id}", "yellow") + decorations)
-        if fork:
-            out.append(fork_text(fork, "Forked"))
-        out.append(f"Author: {safe(c.author, True)}")
-        out.append(f"Date:   {safe(c.time, True)}")
-        if c.step is not None:
-            out.append(f"Step:   {safe(c.step, True)}")
-        if changes:
-            out.append("Hparams: " + ", ".join(change_text(ch, " ") for ch in changes))
-        if c.metrics:
-            out.append("Metrics: " + " ".join(f"{safe(k, True)}={fmt_num(v)}" for k, v in
-                                              sorted(c.metrics.items())))
-        out.append("")
-        out.extend(f"    {safe(line, True)}" for line in str(c.message or "").splitlines()
-                   or [""])
-        out.append("")
-    click.echo("\n".join(out))
+    texts = [_entry_lines(e, _decorations(e, head_target, detached_at), fork_of.get(e.id),
+                          views.hparam_changes(repo, e.id), oneline) for e in entries]
+    if graph:
+        from vrl.graph_text import draw
+
+        out = draw([(e.id, e.commit.parents) for e in entries], texts, more_below=below)
+    else:
+        out = [line for lines in texts for line in lines]
+    click.echo("\n".join(out))  # at once: a click.echo per line cost more than the log
+
+
+def _entry_lines(e: LogEntry, decorations: str, fork: dict[str, Any] | None,
+                 changes: list[dict[str, Any]], oneline: bool) -> list[str]:
+    """One commit's lines of `vrl log` (its first: the one a graph draws `*` beside)."""
+    c = e.commit
+    if oneline:
+        return [f"{color(short(e.id), 'yellow')}{decorations} {first_line(c.message)}"
+                f"{_oneline_notes(fork, changes)}"]
+    out = [color(f"commit {e.id}", "yellow") + decorations]
+    if len(c.parents) > 1:  # as git names a merge's parents
+        out.append("Merge: " + " ".join(short(p) for p in c.parents))
+    if fork:
+        out.append(fork_text(fork, "Forked"))
+    out.append(f"Author: {safe(c.author, True)}")
+    out.append(f"Date:   {safe(c.time, True)}")
+    if c.step is not None:
+        out.append(f"Step:   {safe(c.step, True)}")
+    if changes:
+        out.append("Hparams: " + ", ".join(change_text(ch, " ") for ch in changes))
+    if c.metrics:
+        out.append("Metrics: " + " ".join(f"{safe(k, True)}={fmt_num(v)}" for k, v in
+                                          sorted(c.metrics.items())))
+    out.append("")
+    out.extend(f"    {safe(line, True)}" for line in str(c.message or "").splitlines()
+               or [""])
+    out.append("")
+    return out
 
 
 def _flat(data: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -50,19 +50,22 @@ def layout(commits: Sequence[tuple[Id, Sequence[Id]]],
     shown = {oid for oid, _ in commits}
     columns: list[Id] = []
     rows = []
+    ended = -1  # the column whose line ended on the row above (a root, or a shallow end)
     for oid, all_parents in commits:
         parents = list(dict.fromkeys(p for p in all_parents if p in shown or p in more_below))
+        before = []
         if oid in columns:
             i = columns.index(oid)
         else:  # a new branch head: a new column at the right, as git puts it
             i = len(columns)
             columns.append(oid)
+            if i == ended:  # right under a line that ended: a gap, or they read as one
+                before.append(_line({2 * j: "|" for j in range(i)}))
         n = len(parents)
         right = range(i + 1, len(columns))
         # an octopus shifts the columns to its right by 2 per extra parent: the rows before
         # and the commit line take them part of the way, one character a row
         shift = 2 * (n - 2) if n > 2 else 0
-        before = []
         for r in range(1, shift if right else 0):
             before.append(_line({**{2 * j: "|" for j in range(i + 1)},
                                  **{2 * j + r: "\\" for j in right}}))
@@ -100,6 +103,7 @@ def layout(commits: Sequence[tuple[Id, Sequence[Id]]],
                     collapse.setdefault(under, "_")
         if any(ch != "|" for ch in collapse.values()):
             after.append(_line(collapse))
+        ended = i if not parents and i == len(merged) else -1
         columns = merged
         padding = _line({2 * j: "|" for j in range(len(columns))})
         width = max(len(line) + 1 for line in (commit_line, *before, *after, padding))

@@ -54,9 +54,27 @@ def _human(n: int) -> str:
     return human_bytes(n)
 
 
-@click.group()
-def remote() -> None:
-    """Manage remotes (local paths, s3://, ssh://, gs://, az://, memory://)."""
+@click.group(invoke_without_command=True)
+@click.option("-v", "--verbose", is_flag=True,
+              help="With no command: each remote's URL, as `NAME URL (fetch)` and `(push)`.")
+@click.pass_context
+def remote(ctx: click.Context, verbose: bool) -> None:
+    """Manage remotes (local paths, s3://, ssh://, gs://, az://, memory://).
+
+    With no command, list the remotes' names (with -v, their URLs), as `git remote` does.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from vrl.remote import redact, remotes
+
+    for name, opts in sorted(remotes(Repo(".")).items()):
+        if not verbose:
+            click.echo(safe(name, True))
+            continue
+        # redacted although vrl refuses to store a secret: a config edited by hand may hold one
+        url = redact(opts.get("url", ""))
+        for use in ("fetch", "push"):  # one URL serves both; git's two lines, for its readers
+            click.echo(f"{safe(name, True)}\t{safe(url, True)} ({use})")
 
 
 @remote.command("add")

@@ -81,7 +81,7 @@ def test_full_session(ws, capsys):
     code, out, _ = vrl(capsys, "checkout", "-b", "exp", second)
     assert out == "Switched to a new branch 'exp'\nWrote policy.safetensors\n"
     code, out, _ = vrl(capsys, "branch")
-    assert out == f"* exp  {second} second\n  main  {first} first\n"
+    assert out == f"* exp   {second} second\n  main  {first} first\n"  # names aligned
     code, out, _ = vrl(capsys, "branch", "--json")
     assert json.loads(out) == {"current": "exp", "branches": {
         "exp": json.loads(vrl(capsys, "log", "-n", "1", "--json")[1])[0]["id"],

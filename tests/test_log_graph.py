@@ -43,6 +43,27 @@ def test_a_merge_of_two_fans_out_and_the_lines_meet_at_the_base():
         "* A"]
 
 
+def test_a_merge_whose_parent_a_column_already_waits_for_joins_it():
+    """Merging the trunk into a run: the trunk's column is left of the merge (git's
+    left-skewed `|/|`), or right beside it (`|\\|`)."""
+    assert drawn([("M2", ["m1"]), ("X", ["e1", "m1"]), ("e1", ["base"]), ("m1", ["base"]),
+                  ("base", [])]) == [
+        "* M2",
+        "| * X",
+        "|/|",
+        "| * e1",
+        "* | m1",
+        "|/",
+        "* base"]
+    assert drawn([("X", ["e1", "m1"]), ("m2", ["m1"]), ("e1", ["base"]), ("m1", ["base"]),
+                  ("base", [])]) == [
+        "*   X", "|\\", "| | * m2", "| |/", "* | e1", "| * m1", "|/", "* base"]
+    # the trunk's column is right beside the merge: joined there
+    assert drawn([("Y", ["X", "m2"]), ("m2", ["m1"]), ("X", ["e1", "m1"]), ("e1", ["m1"]),
+                  ("m1", [])]) == [
+        "*   Y", "|\\", "| * m2", "* | X", "|\\|", "* | e1", "|/", "* m1"]
+
+
 def test_an_octopus_merge_of_three():
     assert drawn([("M", ["B", "C", "D"]), ("D", ["A"]), ("C", ["A"]), ("B", ["A"]),
                   ("A", [])]) == [

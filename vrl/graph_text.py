@@ -61,36 +61,50 @@ def layout(commits: Sequence[tuple[Id, Sequence[Id]]],
             columns.append(oid)
             if i == ended:  # right under a line that ended: a gap, or they read as one
                 before.append(_line({2 * j: "|" for j in range(i)}))
-        n = len(parents)
         right = range(i + 1, len(columns))
-        # an octopus shifts the columns to its right by 2 per extra parent: the rows before
-        # and the commit line take them part of the way, one character a row
-        shift = 2 * (n - 2) if n > 2 else 0
+        # A merge's extra parent that a column on its left already waits for is joined
+        # there (`|/|`, as git skews such a merge left), one waiting right beside it is
+        # joined at once (`|\|`); the others fan out to new columns on its right.
+        joins_left = [columns.index(p) for p in parents[1:] if p in columns[:i]]
+        fanned = [p for p in parents[1:] if p not in columns[:i]]
+        join_right = len(fanned) == 1 and i + 1 < len(columns) and columns[i + 1] == fanned[0]
+        if join_right:
+            fanned = []
+        n = len(fanned)
+        # an octopus shifts the columns to its right by 2 per fanned parent: the rows
+        # before and the commit line take them part of the way, one character a row
+        shift = 2 * (n - 1) if n > 1 else 0
         for r in range(1, shift if right else 0):
             before.append(_line({**{2 * j: "|" for j in range(i + 1)},
                                  **{2 * j + r: "\\" for j in right}}))
         cells = {2 * j: "|" for j in range(i)}
         cells[2 * i] = "*"
-        if n > 2:  # git's octopus: `*-.`, `*---.`
+        if n > 1:  # git's octopus: `*-.`, `*---.`
             for k in range(1, shift):
                 cells[2 * i + k] = "-"
             cells[2 * i + shift] = "."
         for j in right:
-            cells[2 * j + shift] = "\\" if n > 2 else "|"
+            cells[2 * j + shift] = "\\" if n > 1 else "|"
         commit_line = _line(cells)
         after = []
+        if len(parents) > 1:  # the merge's edges: `|\`, `|\ \`, `|/|`, `|\|`
+            fan = {2 * j: "|" for j in range(i + 1)}
+            for j in right:
+                fan[2 * j + 2 * n - 1 if n else 2 * j] = "\\" if n else "|"
+            for k in range(1, n + 1):
+                fan[2 * i + 2 * k - 1] = "\\"
+            if join_right:
+                fan[2 * i + 1] = "\\"
+            for t in joins_left:
+                fan[2 * i - 1] = "/"
+                for under in range(2 * t + 1, 2 * i - 1, 2):
+                    fan.setdefault(under, "_")
+            after.append(_line(fan))
         # (waiting for, position) of each column once this commit's edges are drawn
         expanded: list[tuple[Id, int]] = [(columns[j], 2 * j) for j in range(i)]
-        if n >= 2:  # the merge fans out: `|\`, `|\ \`
-            fan = {2 * j: "|" for j in range(i + 1)}
-            for k in range(1, n):
-                fan[2 * i + 2 * k - 1] = "\\"
-            for j in right:
-                fan[2 * j + 2 * (n - 1) - 1] = "\\"
-            after.append(_line(fan))
-        expanded += [(p, 2 * (i + k)) for k, p in enumerate(parents)]
+        expanded += [(p, 2 * (i + k)) for k, p in enumerate(parents[:1] + fanned)]
         # a commit without parents here leaves a gap that the columns to its right close
-        expanded += [(columns[j], 2 * (j + max(n - 1, 0))) for j in right]
+        expanded += [(columns[j], 2 * (j + n)) for j in right]
         merged = list(dict.fromkeys(want for want, _ in expanded))
         collapse: dict[int, str] = {}
         for want, pos in expanded:

@@ -105,10 +105,13 @@ def layout(commits: Sequence[tuple[Id, Sequence[Id]]],
         expanded += [(p, 2 * (i + k)) for k, p in enumerate(parents[:1] + fanned)]
         # a commit without parents here leaves a gap that the columns to its right close
         expanded += [(columns[j], 2 * (j + n)) for j in right]
-        merged = list(dict.fromkeys(want for want, _ in expanded))
+        index: dict[Id, int] = {}  # each waited-for commit's column: its leftmost edge's
+        for want, _ in expanded:
+            index.setdefault(want, len(index))
+        merged = list(index)
         collapse: dict[int, str] = {}
         for want, pos in expanded:
-            target = 2 * merged.index(want)
+            target = 2 * index[want]
             if pos == target:
                 collapse[pos] = "|"
             else:  # towards the left: `/`, over further columns `_`

@@ -2,9 +2,10 @@
 of commits given in display order, and the order itself (pure: no repository, no I/O).
 
 Each commit owns a column while an edge waits for it. On its row it is drawn `*` (an
-octopus `*-.`); a merge then fans its extra parents out to the right (`|\\`), and edges
-that now wait for the same commit collapse leftwards into one column (`|/`), so no
-column ever holds the same commit twice. Columns are two characters apart.
+octopus `*-.`); a merge then fans its extra parents out to the right (`|\\`) or joins a
+column already waiting for one (`|/|`), and edges that now wait for the same commit
+collapse leftwards into one column (`|/`), so no column ever holds the same commit twice.
+Columns are two characters apart.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ Id = TypeVar("Id", bound=Hashable)
 
 @dataclass(frozen=True)
 class GraphRow:
-    """The drawing for one commit: `before` (an octopus making room to its right), the
-    commit's own line (`commit`, padded so that its text lines up), `after` (its merge
-    fan-out and the collapses it causes) and `padding` (the columns beside any further
-    line of the commit's text)."""
+    """The drawing for one commit: `before` (a gap under a line that ended, an octopus
+    making room to its right), the commit's own line (`commit`, padded so that its text
+    lines up), `after` (its merge's edges and the collapses it causes) and `padding` (the
+    columns beside any further line of the commit's text)."""
 
     before: tuple[str, ...]
     commit: str

@@ -17,7 +17,7 @@ STEPS_PER_ITERATION = 2 * 16 * 4
 
 
 def train(capsys, *args):
-    code = main(["train", *SMALL, *args])
+    code = main(["train", *SMALL, "--json", *args])
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads(out.strip().splitlines()[-1]), err
@@ -199,25 +199,66 @@ def test_from_a_commit_that_is_not_a_training_snapshot(ws, capsys):
     assert "is not a training snapshot" in err and "\n" not in err
 
 
-def test_one_return_metric_in_console_commit_message_and_best_tag(ws, capsys):
+def test_one_return_metric_in_console_commit_message_log_and_best_tag(ws, capsys):
     main(["init"])
-    code = main(["train", *SMALL, "--steps", str(4 * STEPS_PER_ITERATION), "--branch", "m",
-                 "--log-every", "1"])
+    capsys.readouterr()
+    # episodes of 24 steps, iterations of 16: none ends in iterations 1 and 4
+    code = main(["train", *SMALL, "--set", "env.max_steps=24", "--steps",
+                 str(4 * STEPS_PER_ITERATION), "--branch", "m", "--log-every", "1"])
     out, err = capsys.readouterr()
-    assert code == 0
+    assert code == 0, err
     repo = Repo(ws)
     log = repo.log("m")[::-1]
-    shown = [float(line.split("return ")[1].split()[0]) for line in err.splitlines()
-             if line.startswith("iter ")]
-    stored = [e.commit.metrics.get("charts/return") for e in log]
-    assert len(shown) == len(stored) == 4 and None not in stored
-    for console, value, entry in zip(shown, stored, log, strict=True):
-        assert console == pytest.approx(value, rel=1e-3)
-        assert entry.commit.message == f"iter {entry.commit.meta['iteration']}: " \
-                                       f"return {value:.4g}"
-    best = max(log, key=lambda e: e.commit.metrics["charts/return"])
+    lines = [line for line in err.splitlines() if line.startswith("iter ")]
+    stored = [e.commit.metrics.get("charts/episodic_return") for e in log]
+    assert [e.commit.metrics["charts/episodes"] for e in log] == [0, 2, 2, 0]
+    assert stored[0] is None and stored[3] is None and None not in stored[1:3]
+    assert all("charts/return" not in e.commit.metrics for e in log)
+    assert len(lines) == 4
+    for line, value, entry in zip(lines, stored, log, strict=True):
+        iteration = entry.commit.meta["iteration"]
+        assert line.startswith(f"iter {iteration}/4  step {iteration * STEPS_PER_ITERATION}  ")
+        if value is None:
+            assert "  no episode ended  fps " in line
+            assert entry.commit.message == f"iter {iteration}: no episode ended"
+        else:
+            shown = float(line.split("  return ")[1].split()[0])
+            assert shown == pytest.approx(value, rel=1e-3)
+            assert "  deliveries " in line
+            assert entry.commit.message == f"iter {iteration}: return {value:.4g}"
+    best = max(log[1:3], key=lambda e: e.commit.metrics["charts/episodic_return"])
     assert repo.tags()["best/m"] == best.id
-    assert json.loads(out.strip().splitlines()[-1])["charts/return"] == stored[-1]
+    # the closing lines are sentences; the JSON summary only with --json
+    assert out.startswith("trained to iteration 4 (512 agent-steps); mean return of the 4 "
+                          "episodes so far ")
+    assert "4 snapshots on branch m" in out and "{" not in out
+    # log: `-` where no episode ended, and a footnote that says so
+    assert main(["log", "m", "--metrics", "charts/episodic_return,env/deliveries"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-1] == "-: no episode ended in that iteration"
+    assert rows[1].split()[2:4] == ["-", "-"] and rows[4].split()[2:4] == ["-", "-"]
+    assert rows[2].split()[2] != "-"
+
+
+def test_metric_lines_from_the_first_iteration_then_about_forty_a_run(ws, capsys):
+    from trainer.hooks import ProgressHook
+
+    class Fake:
+        iteration, global_step, num_iterations = 0, 0, 100
+
+    hook, stream = ProgressHook(bar=False), __import__("io").StringIO()
+    hook.stream, fake = stream, Fake()
+    hook.on_start(fake)
+    for i in range(1, 101):
+        fake.iteration, fake.global_step = i, i * 1000
+        hook.on_iteration_end(fake, i, {"charts/episodes": 1.0 * (i % 2),
+                                        "charts/episodic_return": float(i)})
+    hook.on_end(fake, {})
+    lines = stream.getvalue().splitlines()
+    assert 20 <= len(lines) <= 40
+    assert lines[0].startswith("iter 1/100  step 1,000  return 1  fps ")
+    assert lines[1].startswith("iter 3/100  step 3,000  return 3  fps ")  # 2 and 3: one ended
+    assert lines[-1].startswith("iter 100/100  step 100,000  ")
 
 
 # ------------------------------------------------------------------------ vrl eval

@@ -24,12 +24,13 @@ import click
 import yaml
 
 from trainer.config import DirtyLayerConfig
+from vrl.returns import RETURN_METRIC
 
 HELP = {"help_option_names": ["-h", "--help"]}
 # options that a snapshot does not store, so a resume command must repeat them
 # (the --dirty-* aliases set config keys, which a snapshot stores)
 RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
-               "best_metric", "progress", "log_every")
+               "best_metric", "progress", "log_every", "as_json")
 # --dirty-* options: thin aliases of `--set dirty.KEY=VALUE` (trainer.config.DirtyLayerConfig
 # holds the defaults; an alias not given sets nothing)
 _DIRTY = DirtyLayerConfig()  # for the help texts only
@@ -93,7 +94,7 @@ def _from_yaml(path: str | None, key: str) -> str | None:
 
 def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[str, ...],
           steps: int | None, seed: int | None, device: str, precision: str,
-          out: str | None, progress: bool, log_every: int,
+          out: str | None, progress: bool, log_every: int | None,
           base: dict | None = None, threads: int | None = None, preset: str | None = None):
     """Create (trainer, dist context) exactly as the command would; used by tests too.
 
@@ -185,8 +186,11 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 @click.option("--threads", type=int, default=None,
               help="CPU threads for torch [default: 1 on CPU; wide models may gain from more]")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--log-every", type=int, default=10, show_default=True,
-              help="print a metric line every N iterations")
+@click.option("--log-every", type=int, default=None,
+              help="Print a metric line every N iterations (0: none) [default: about 20-40 "
+                   "lines a run, from the first iteration on].")
+@click.option("--json", "as_json", is_flag=True,
+              help="End with a JSON summary for scripts instead of the sentence.")
 @click.option("--store/--no-store", default=None,
               help="commit snapshots to the vrl repository around the current directory "
                    "[default: when there is one]")
@@ -200,7 +204,7 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
               help="commit a snapshot every K iterations")
 @click.option("--keep-last", type=int, default=None,
               help="retention: keep the tensors of the last N snapshots (and tagged ones)")
-@click.option("--best-metric", default="charts/return", show_default=True,
+@click.option("--best-metric", default=RETURN_METRIC, show_default=True,
               help="the snapshot best by this metric carries tag best/<branch>")
 @click.option("--dirty-layers/--no-dirty-layers", default=None,
               help="freeze layers whose change over recent snapshots is not material "
@@ -379,13 +383,39 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
         raise click.exceptions.Exit(130 if isinstance(interrupted, KeyboardInterrupt)
                                     else 128 + signal.SIGTERM)
     if dist.is_main:
-        summary = {k: metrics[k] for k in ("charts/global_step", "charts/return",
-                                           "charts/SPS") if k in metrics}
+        _print_summary(trainer, metrics, hook, branch, o["as_json"])
+
+
+def _print_summary(trainer: Any, metrics: dict[str, float], hook: Any, branch: str | None,
+                   as_json: bool) -> None:
+    """The run's result on stdout: a sentence, or with --json an object for scripts."""
+    from vrl.returns import RETURN_METRIC, SMOOTHED_EPISODES, SMOOTHED_RETURN_METRIC
+
+    smoothed = metrics.get(SMOOTHED_RETURN_METRIC)
+    if as_json:
+        summary = {k: metrics[k] for k in ("charts/global_step", RETURN_METRIC,
+                                           SMOOTHED_RETURN_METRIC, "charts/SPS")
+                   if k in metrics}
         if hook is not None:
             summary["vrl/branch"] = branch
             summary["vrl/snapshots"] = len(hook.commits)
             summary["vrl/head"] = hook.commits[-1][:12] if hook.commits else None
         click.echo(json.dumps(summary, sort_keys=True))
+        return
+    n = len(trainer.episode_returns)
+    text = f"trained to iteration {trainer.iteration} ({trainer.global_step:,} agent-steps)"
+    text += (f"; mean return of the last {n} episodes {smoothed:.4g}" if smoothed is not None
+             and n >= SMOOTHED_EPISODES else
+             f"; mean return of the {n} episodes so far {smoothed:.4g}" if smoothed is not None
+             else "; no episode has ended yet")
+    click.echo(text)
+    if hook is not None and hook.commits:
+        click.echo(f"{_plural(len(hook.commits), 'snapshot')} on branch {branch}, head "
+                   f"{hook.commits[-1][:12]}; `vrl log --metrics {RETURN_METRIC}` lists them")
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _on_sigterm_raise():

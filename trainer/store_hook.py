@@ -18,9 +18,10 @@ from typing import Any
 from trainer.config import CONFIGS, config_to_dict, fold_flat_dirty
 from trainer.envs.base import continuous_of
 from trainer.hooks import Hook
-from trainer.train import RETURN_METRIC, STATE_VERSION, Trainer
+from trainer.train import STATE_VERSION, Trainer
 from vrl import Repo
 from vrl.errors import VrlError
+from vrl.returns import EPISODES_METRIC, RETURN_METRIC
 from vrl.snapshotter import Snapshotter
 
 META_KEY = "trainer"
@@ -117,10 +118,14 @@ class StoreHook(Hook):
         assert self.snapshotter is not None
         merged = {**metrics, **self._eval}
         self._eval = {}
-        # the same figure as the console line and the best tag (`charts/return`)
-        shown = [f"{label} {value:.4g}" for label, value in (
-            ("return", _number(merged.get(RETURN_METRIC))),
-            ("eval return", _number(merged.get("eval/return")))) if value is not None]
+        # the same figure as the console line and the best tag (RETURN_METRIC); an
+        # iteration in which no episode finished says so instead
+        value = _number(merged.get(RETURN_METRIC))
+        shown = [f"return {value:.4g}" if value is not None else
+                 "no episode ended" if merged.get(EPISODES_METRIC) == 0 else None]
+        if (evaluated := _number(merged.get("eval/return"))) is not None:
+            shown.append(f"eval return {evaluated:.4g}")
+        shown = [text for text in shown if text]
         message = f"iter {iteration}" + (f": {', '.join(shown)}" if shown else "")
         frozen = sorted(trainer.frozen_layers)
         self.snapshotter.snapshot(step=trainer.global_step, metrics=merged, message=message,

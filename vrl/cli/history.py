@@ -22,6 +22,7 @@ from vrl.cli._common import (
 from vrl.cli.refs import warn_damaged_refs
 from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
+from vrl.returns import EPISODES_METRIC
 
 
 def _decorations(entry: LogEntry, head_target: str | None, detached_at: str | None) -> str:
@@ -74,6 +75,11 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
                  *[fmt_num(e.commit.metrics.get(m)) for m in names],
                  first_line(e.commit.message)] for e in entries]
         click.echo(table(["commit", "step", *names, "message"], rows))
+        if any(e.commit.metrics.get(EPISODES_METRIC) == 0 and
+               any(m not in e.commit.metrics for m in names) for e in entries):
+            # a training iteration in which no episode finished has no return (and no
+            # episode metrics): `-`, not a repeat of the last value
+            click.echo("-: no episode ended in that iteration")
         return
     head_target = repo.refs.head_target()
     detached_at = repo.head() if head_target is None else None

@@ -47,7 +47,7 @@ def leftovers(folder) -> list[str]:
 def test_curves_png_and_svg(hist, capsys, ws):
     code, out, err = vrl(capsys, "plot", "return", "-o", "c.png", "--size", "8x5")
     assert code == 0, err
-    assert out == "wrote c.png (PNG): return of 3 run(s), 17 points\n"
+    assert out == "wrote c.png (PNG): return of 3 runs, 17 points\n"
     assert png_size(ws / "c.png") == (800, 500)
     code, out, err = vrl(capsys, "plot", "return", "main", "exp", "--smooth", "0.9", "--svg")
     assert code == 0, err
@@ -123,7 +123,7 @@ def test_usage_errors(hist, capsys):
 
 def test_without_a_metric_it_plots_the_return(hist, capsys, ws):
     code, out, err = vrl(capsys, "plot")
-    assert code == 0 and out == "wrote curves.png (PNG): return of 3 run(s), 17 points\n", err
+    assert code == 0 and out == "wrote curves.png (PNG): return of 3 runs, 17 points\n", err
 
 
 def test_without_a_metric_or_a_return_it_asks_for_one(ws, capsys):

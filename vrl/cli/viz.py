@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from vrl.cli._common import echo_json, fmt_num, json_option, pass_repo, safe, short, table
+from vrl.cli._common import echo_json, fmt_num, json_option, pass_repo, plural, safe, short, table
 from vrl.repo import Repo
 from vrl.returns import default_returns
 
@@ -221,7 +221,7 @@ def plot(repo: Repo, metric: str | None, revs: tuple[str, ...], output: str | No
                             **({"size": figure_size} if figure_size else {}))
     points = sum(len(r["points"]) for r in runs)
     click.echo(f"wrote {safe(output, True)} ({fmt.upper()}): {safe(metric, True)} of "
-               f"{len(runs)} run(s), {points} points")
+               f"{plural(len(runs), 'run')}, {plural(points, 'point')}")
 
 
 COMMANDS = [compare, plot]

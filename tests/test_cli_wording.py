@@ -32,3 +32,25 @@ def test_counts_have_their_plurals(ws, capsys):
     assert code == 0 and out.startswith("checked ") and " objects: ok" in out
     code, out, _ = vrl(capsys, "repack")
     assert "(1 file replaced)" in out or "1 objects" not in out
+
+
+def test_every_option_of_every_command_is_explained_in_a_sentence():
+    import click
+
+    from vrl.cli import cli
+
+    ctx = click.Context(cli)
+    fragments = []
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        commands = [(name, command)]
+        if isinstance(command, click.Group):
+            commands += [(f"{name} {sub}", command.get_command(ctx, sub))
+                         for sub in command.list_commands(ctx)]
+        for label, cmd in commands:
+            for param in cmd.params:
+                text = (getattr(param, "help", None) or "").strip()
+                if isinstance(param, click.Option) and not (
+                        text[:1].isupper() and text.endswith(".")):
+                    fragments.append(f"{label} {param.opts[-1]}: {text!r}")
+    assert fragments == []

@@ -195,7 +195,7 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
 
 @click.command()
 @click.argument("ref", default="HEAD")
-@click.option("-n", "--max-count", type=int, default=None)
+@click.option("-n", "--max-count", type=int, default=None, help="Show at most N entries.")
 @json_option
 @pass_repo
 def reflog(repo: Repo, ref: str, max_count: int | None, as_json: bool) -> None:

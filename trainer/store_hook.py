@@ -120,12 +120,13 @@ class StoreHook(Hook):
         self._eval = {}
         # the same figure as the console line and the best tag (RETURN_METRIC); an
         # iteration in which no episode finished says so instead
-        value = _number(merged.get(RETURN_METRIC))
-        shown = [f"return {value:.4g}" if value is not None else
-                 "no episode ended" if merged.get(EPISODES_METRIC) == 0 else None]
+        shown: list[str] = []
+        if (value := _number(merged.get(RETURN_METRIC))) is not None:
+            shown.append(f"return {value:.4g}")
+        elif merged.get(EPISODES_METRIC) == 0:
+            shown.append("no episode ended")
         if (evaluated := _number(merged.get("eval/return"))) is not None:
             shown.append(f"eval return {evaluated:.4g}")
-        shown = [text for text in shown if text]
         message = f"iter {iteration}" + (f": {', '.join(shown)}" if shown else "")
         frozen = sorted(trainer.frozen_layers)
         self.snapshotter.snapshot(step=trainer.global_step, metrics=merged, message=message,

@@ -122,13 +122,14 @@ def test_the_check_sees_a_circle():
 
 def test_the_core_never_imports_the_layers_above_it():
     """The store (objects up to the repository) knows nothing of remotes, the CLI, the
-    UI or the Snapshotter: it reaches remotes through an entry point (`vrl.repo.remote_layer`)."""
+    UI, the Snapshotter or the framework integrations: it reaches remotes through an entry
+    point (`vrl.repo.remote_layer`)."""
     graph = _graph()
     core = {m for m in graph if m.count(".") == 1 and m not in
             ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing", "vrl.hooks", "vrl.committer",
              "vrl.snapshotter", "vrl.demo", "vrl.plots", "vrl.views", "vrl.interrupt",
-             "vrl.__main__", "vrl.shm", "vrl.handover")}
-    above = ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing")
+             "vrl.__main__", "vrl.shm", "vrl.handover", "vrl.integrations")}
+    above = ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing", "vrl.integrations")
     reached = {(m, t) for m in core for t in graph[m] if t.startswith(above)}
     assert reached == set()
 

@@ -392,11 +392,29 @@ class Repo(Maintenance, WorkspaceMixin):
                 tensors[name] = tensors[entry.tie]
         return unflatten(manifest.tree, tensors)
 
+    def load_into(self, module: Any, rev: str = "HEAD", optimizer: Any = None) -> ObjectId:
+        """Load snapshot `rev` into `module` (and `optimizer`) in place; return its id.
+
+        Unlike `checkout`, nothing moves: HEAD, branches, the reflog and the workspace
+        checkpoint stay as they are (an evaluation or a warm start from an old snapshot).
+        Every tensor is hashed to its id before it is copied (a damaged object is a
+        CorruptObjectError), and a snapshot pruned by retention is fetched back from a
+        remote that has it, as `checkout` does. `module` may be None to restore only the
+        optimizer; a snapshot without optimizer state is a VrlError when one is given.
+        """
+        if module is None and optimizer is None:
+            raise VrlError("load_into needs a module or an optimizer to load into")
+        oid = self.resolve(rev)
+        # every byte is copied into the module anyway: hashing it costs little more
+        load_into(self.load(oid, verify=True), module, optimizer)
+        return oid
+
     @writes
     def checkout(self, rev: str, model: Any = None, optimizer: Any = None,
                  create_branch: str | None = None, workspace: bool = False) -> ObjectId:
         """Load `rev` into `model`/`optimizer` (and the workspace checkpoint), then move HEAD
-        (attached when `rev` is a branch).
+        (attached when `rev` is a branch), as `git checkout` does; `load_into` loads
+        without moving anything.
 
         Data first, refs last: a snapshot that cannot be loaded or written (pruned, missing,
         a full disk) leaves HEAD and every branch where they were.

@@ -117,10 +117,10 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
         message = repo.read_commit(oid).message
         click.echo(f"{verb} {oid[:12]} {first_line(message)}".rstrip())
     if dry_run or not pruned:
-        click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
-                   "`vrl gc` to free their space")
+        click.echo(f"{plural(len(pruned), 'snapshot')} {'would be ' if dry_run else ''}"
+                   "pruned; run `vrl gc` to free their space")
         return
-    click.echo(f"{len(pruned)} snapshot(s) pruned")
+    click.echo(f"{plural(len(pruned), 'snapshot')} pruned")
     try:
         _, freed = repo.gc(dry_run=True)
         note = pending_note(repo)[2]

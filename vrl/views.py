@@ -30,9 +30,8 @@ from vrl.objects import ObjectId
 from vrl.refs import short_ref
 from vrl.repo import Repo
 
-RETURN_METRICS = ("eval/return", "charts/return_last100", "charts/episodic_return", "return",
-                  "reward")
-"""Metrics shown by default where present (the trainer's returns first)."""
+# shown by default where present, the trainer's return first (vrl/returns.py: what each is)
+from vrl.returns import RETURN_METRICS, default_returns  # noqa: F401 - part of the views API
 
 # Metrics whose smaller values are better (matched on the last part of the name, so that
 # `losses/explained_variance` is not a loss); every other metric is better when larger.

@@ -23,6 +23,7 @@ from vrl.cli.refs import warn_damaged_refs
 from vrl.errors import ObjectNotFoundError
 from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
+from vrl.returns import EPISODES_METRIC
 
 _SHOWN_CHANGES = 3  # hyperparameter changes on a `log --oneline` line; the rest are counted
 
@@ -176,6 +177,11 @@ def log(repo: Repo, revs: tuple[str, ...], max_count: int | None, oneline: bool,
                  *[fmt_num(e.commit.metrics.get(m)) for m in names],
                  first_line(e.commit.message)] for e in entries]
         click.echo(table(["commit", "step", *names, "message"], rows))
+        if any(e.commit.metrics.get(EPISODES_METRIC) == 0 and
+               any(m not in e.commit.metrics for m in names) for e in entries):
+            # a training iteration in which no episode finished has no return (and no
+            # episode metrics): `-`, not a repeat of the last value
+            click.echo("-: no episode ended in that iteration")
         return
     History.of(repo).remember((e.id, e.commit) for e in entries)  # read once, not twice
     fork_of = views.forks(repo) if entries else {}
@@ -364,7 +370,7 @@ def _setting_diffs(repo: Repo, old_id: str | None, new: Any) -> dict[str, Any]:
 
 @click.command()
 @click.argument("ref", default="HEAD")
-@click.option("-n", "--max-count", type=int, default=None)
+@click.option("-n", "--max-count", type=int, default=None, help="Show at most N entries.")
 @json_option
 @pass_repo
 def reflog(repo: Repo, ref: str, max_count: int | None, as_json: bool) -> None:

@@ -15,6 +15,7 @@ from vrl.cli._common import (
     parse_assignments,
     parse_metrics,
     pass_repo,
+    plural,
     render_diff,
     safe,
     short,
@@ -192,7 +193,7 @@ def export(repo: Repo, rev: str, file: str) -> None:
     oid = repo.resolve(rev)
     manifest = repo.read_manifest(repo.read_commit(oid).manifest)
     repo.export(oid, file)
-    click.echo(f"Exported {short(oid)} to {file} ({len(manifest.tensors)} tensors, "
+    click.echo(f"Exported {short(oid)} to {file} ({plural(len(manifest.tensors), 'tensor')}, "
                f"{human_bytes(manifest.nbytes)})")
 
 

@@ -95,3 +95,22 @@ def test_branch_names_an_unborn_current_branch(ws, capsys):
     repo.refs.update("refs/heads/other", None)  # HEAD on a branch with no commit again
     code, out, _ = vrl(capsys, "branch", "-a")
     assert out.splitlines()[0] == "* other                (no commits yet)"
+
+
+def test_new_forms_print_no_control_characters(ws, capsys):
+    """Messages, authors and a hand-written remote URL with escape sequences are shown
+    escaped by every new form, as by the old ones."""
+    evil = "\x1b]0;pwned\x07\x1b[31m"
+    repo = Repo.init(ws)
+    repo.commit(state(0), env=False, time=at(0), message=f"m{evil}\nline2{evil}",
+                author=f"mallory{evil}")
+    repo.refs.update("refs/remotes/origin/main", repo.head())
+    with open(ws / ".vrl" / "config", "a") as f:
+        f.write(f'[remote "origin"]\n\turl = /tmp/x{evil}\n')
+    for args in (["log", "--graph"], ["log", "--graph", "--oneline", "--all"],
+                 ["log", "--all"], ["branch", "-a"], ["branch", "-r"], ["remote"],
+                 ["remote", "-v"]):
+        code, out, err = vrl(capsys, *args)
+        assert code == 0, (args, err)
+        assert "\x1b" not in out + err and "\x07" not in out + err, args
+    assert "\\x1b]0;pwned" in vrl(capsys, "log", "--graph")[1]

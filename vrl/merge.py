@@ -1,0 +1,485 @@
+"""Merging snapshots: one commit whose parents are several snapshots, and whose weights
+combine theirs by a recorded recipe (`vrl merge`, `Repo.merge`).
+
+Works on manifests and raw tensor bytes (numpy, no torch). Strategies, each a rule:
+
+* ``average``: the elementwise mean of every parent (model soups);
+* ``weighted:W1,...,WN``: sum(Wi * xi) / sum(Wi), one weight per parent in parent order;
+* ``task-arithmetic:L``: base + L * sum(xi - base), base the parents' merge base;
+* ``take:PATTERN=REV``: tensors whose name matches the glob PATTERN (also tried without
+  a training snapshot's ``model/`` prefix) from REV, which must be one of the parents.
+
+Every model tensor takes the *last* rule (in the order given) that matches it; the
+default rule is ``average``. A rule that ends up deciding no tensor is refused. Floating
+tensors are combined in float64 (complex128) and cast back (bfloat16 through float32, as
+torch casts); a tensor with the same object in every input is kept by reference, which
+makes averaging identical parents bit-identical. Integer and bool tensors, step counters
+and everything outside the model (RNG states, environment, counters) are the first
+parent's. Optimizer state is emptied (``drop``: param groups kept, `state` empty, as a
+freshly made optimizer's) or averaged uniformly (``average``).
+
+Everything is checked and computed before anything is written; the commit itself is the
+commit engine's (`CommitEngine.commit(merge=...)`), so a failure moves no ref.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vrl.commit_engine import FlatState
+from vrl.diff import StateLayout, is_counter, layer_of
+from vrl.errors import ObjectNotFoundError, VrlError
+from vrl.objects import Commit, Manifest, ObjectId, TensorEntry
+from vrl.safetensors_file import RawTensor, as_numpy
+
+OPTIMIZER_MODES = ("drop", "average")
+COMBINING = ("average", "weighted", "task-arithmetic")
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "complex64",
+                          "complex128"})
+META_DROPPED = ("frozen_layers", "source_file", "merge")  # the first parent's, not ours
+
+
+class MergeError(VrlError):
+    """A merge that cannot be made as asked (nothing is written)."""
+
+
+class Store(Protocol):
+    """What a merge reads (a `Repo` provides it)."""
+
+    def resolve(self, rev: str) -> ObjectId: ...
+    def read_commit(self, oid: ObjectId) -> Commit: ...
+    def read_manifest(self, oid: ObjectId) -> Manifest: ...
+    def read_tensor(self, entry: TensorEntry) -> RawTensor: ...
+    def require_data(self, oid: ObjectId, manifest: Manifest) -> None: ...
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One `--strategy`: how the tensors it matches are merged."""
+
+    spec: str  # as given
+    strategy: str  # "average" | "weighted" | "task-arithmetic" | "take"
+    weights: tuple[float, ...] = ()
+    lam: float = 1.0
+    pattern: str | None = None  # take: the glob
+    rev: str | None = None  # take: the revision
+
+    def matches(self, name: str, prefix: str | None) -> bool:
+        if self.pattern is None:
+            return True
+        return fnmatch.fnmatchcase(name, self.pattern) or bool(
+            prefix and name.startswith(prefix) and
+            fnmatch.fnmatchcase(name[len(prefix):], self.pattern))
+
+
+def parse_rule(spec: str) -> Rule:
+    """A strategy as `vrl merge --strategy` takes it (MergeError if malformed)."""
+    kind, sep, arg = spec.partition(":")
+    try:
+        if kind == "average" and not sep:
+            return Rule(spec, kind)
+        if kind == "weighted" and arg:
+            return Rule(spec, kind, weights=tuple(float(w) for w in arg.split(",")))
+        if kind == "task-arithmetic" and arg:
+            return Rule(spec, kind, lam=float(arg))
+        if kind == "take":
+            pattern, eq, rev = arg.partition("=")
+            if pattern and eq and rev:
+                return Rule(spec, kind, pattern=pattern, rev=rev)
+    except ValueError:
+        pass
+    raise MergeError(f"unknown strategy {spec!r}: use average, weighted:W1,W2,..., "
+                     "task-arithmetic:LAMBDA or take:PATTERN=REV")
+
+
+@dataclass
+class MergePlan:
+    """A merge computed and checked, ready to commit."""
+
+    state: FlatState
+    hparams: dict[str, Any]
+    step: int | None
+    meta: dict[str, Any]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- the commit graph
+def ancestors(read_commit: Callable[[ObjectId], Commit], oid: ObjectId) -> set[ObjectId]:
+    """`oid` and every commit reachable from it (a shallow history's end stops the walk)."""
+    seen, stack = {oid}, [oid]
+    while stack:
+        try:
+            parents = read_commit(stack.pop()).parents
+        except ObjectNotFoundError:
+            continue
+        for p in parents:
+            if p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return seen
+
+
+def merge_base(read_commit: Callable[[ObjectId], Commit],
+               commits: Sequence[ObjectId]) -> ObjectId | None:
+    """The best common ancestor of all `commits` (git's octopus merge base): a common
+    ancestor that no other common ancestor descends from; of several such, the newest
+    (then the smallest id). None when they share no history."""
+    common = set.intersection(*(ancestors(read_commit, c) for c in commits))
+    below: set[ObjectId] = set()  # common ancestors of another common ancestor
+    for c in common:
+        try:
+            parents = read_commit(c).parents
+        except ObjectNotFoundError:
+            continue
+        for p in parents:
+            if p not in below:
+                below |= ancestors(read_commit, p)
+    best = common - below
+    if not best:
+        return None
+    return min(best, key=lambda c: (_neg(read_commit(c).time), c))
+
+
+def _neg(text: str) -> tuple[int, ...]:
+    return tuple(-ord(ch) for ch in text)
+
+
+# ---------------------------------------------------------------------- tensor arithmetic
+def _is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES or (dtype.startswith("numpy:") and dtype[-2] in "fc")
+
+
+def _wide(raw: RawTensor) -> Any:
+    """The tensor as float64 (complex128 for complex) numpy values, exactly."""
+    import numpy as np
+
+    if raw.dtype == "bfloat16":  # bfloat16 is the top half of a float32
+        bits = np.frombuffer(raw.data, dtype="<u2").astype("<u4") << 16
+        return bits.view("<f4").astype(np.float64).reshape(raw.shape)
+    arr = as_numpy(raw)
+    return arr.astype(np.complex128 if arr.dtype.kind == "c" else np.float64)
+
+
+def _narrow(values: Any, dtype: str) -> bytes:
+    """float64 values cast back to `dtype` (round to nearest even), as bytes."""
+    import numpy as np
+
+    if dtype == "bfloat16":
+        bits = values.astype("<f4").view("<u4")
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+        nan = np.isnan(values)
+        rounded[nan] = ((bits[nan] >> 16) | 0x40).astype("<u2")  # stays a (quiet) NaN
+        return rounded.tobytes()
+    return np.ascontiguousarray(values.astype(_np_dtype(dtype))).tobytes()
+
+
+def _np_dtype(dtype: str) -> Any:
+    return as_numpy(RawTensor(dtype, (0,), b"")).dtype  # (vrl's dtype -> numpy's table)
+
+
+def _combine(rule: Rule, raws: list[RawTensor], base: RawTensor | None,
+             weights: Sequence[float]) -> bytes:
+    """One tensor merged by a combining rule, computed in float64."""
+    if rule.strategy == "task-arithmetic":
+        assert base is not None
+        origin = _wide(base)
+        acc = sum(_wide(r) - origin for r in raws)
+        out = origin + rule.lam * acc
+    else:
+        out = _wide(raws[0]) * weights[0]
+        for w, r in zip(weights[1:], raws[1:], strict=True):
+            out = out + _wide(r) * w
+        out = out / sum(weights)
+    return _narrow(out, raws[0].dtype)
+
+
+# ---------------------------------------------------------------------- the tree
+def _optimizer_states(tree: Any, out: set[str]) -> Any:
+    """Collect the tensor names under every optimizer state dict's `state` (a dict with
+    `state` and `param_groups`) into `out`; return the tree with those states emptied."""
+    if isinstance(tree, list):
+        return [_optimizer_states(v, out) for v in tree]
+    if not isinstance(tree, dict) or len(tree) != 1:
+        return tree
+    (tag, value), = tree.items()
+    if tag == "$t":
+        return tree
+    if tag == "$d":
+        keys = {k for k, _ in value}
+        if {"state", "param_groups"} <= keys:
+            for k, v in value:
+                if k == "state":
+                    _tensor_names(v, out)
+            return {"$d": [[k, {"$d": []} if k == "state" else v] for k, v in value]}
+        return {"$d": [[k, _optimizer_states(v, out)] for k, v in value]}
+    if tag == "$tu":
+        return {"$tu": [_optimizer_states(v, out) for v in value]}
+    return tree
+
+
+def _tensor_names(tree: Any, out: set[str]) -> None:
+    if isinstance(tree, list):
+        for v in tree:
+            _tensor_names(v, out)
+    elif isinstance(tree, dict) and len(tree) == 1:
+        (tag, value), = tree.items()
+        if tag == "$t":
+            out.add(value)
+        elif tag == "$d":
+            for _, v in value:
+                _tensor_names(v, out)
+        elif tag == "$tu":
+            _tensor_names(value, out)
+
+
+def _flat_hparams(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat_hparams(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def differing_hparams(commits: Sequence[Commit]) -> list[str]:
+    """Dotted names of the hyperparameters that are not the same in every commit."""
+    flat = [_flat_hparams(c.hparams) if c.hparams else {} for c in commits]
+    missing = object()
+    names = set().union(*flat)
+    return sorted(n for n in names if len({repr(f.get(n, missing)) for f in flat}) > 1)
+
+
+# ---------------------------------------------------------------------- the plan
+def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
+               rules: Sequence[Rule], optimizer: str = "drop") -> MergePlan:
+    """Check and compute the merge of `parents` ((name, id), first parent first): the
+    merged state (unchanged tensors as their stored entries), hparams, step and meta."""
+    if len(parents) < 2:
+        raise MergeError("a merge needs at least two snapshots: name a revision to merge "
+                         "into the current branch (or two with --branch)")
+    if optimizer not in OPTIMIZER_MODES:
+        raise MergeError(f"--optimizer must be drop or average, not {optimizer!r}")
+    names = [n for n, _ in parents]
+    ids = [oid for _, oid in parents]
+    for i, oid in enumerate(ids):
+        if oid in ids[:i]:
+            raise MergeError(f"{names[i]} and {names[ids.index(oid)]} are the same snapshot "
+                             f"({oid[:12]}); merge distinct snapshots")
+    rules = list(rules) or [parse_rule("average")]
+    for rule in rules:
+        if rule.strategy == "weighted":
+            if len(rule.weights) != len(ids):
+                raise MergeError(f"{rule.spec}: {len(rule.weights)} weights for "
+                                 f"{len(ids)} snapshots ({', '.join(names)})")
+            if any(w < 0 for w in rule.weights) or sum(rule.weights) <= 0:
+                raise MergeError(f"{rule.spec}: weights must be >= 0 with a positive sum")
+    takes = {}
+    for rule in rules:
+        if rule.strategy == "take":
+            oid = store.resolve(rule.rev or "")
+            if oid not in ids:
+                raise MergeError(f"{rule.spec}: {rule.rev} is not one of the snapshots "
+                                 f"merged ({', '.join(names)})")
+            takes[rule.spec] = ids.index(oid)
+    commits = [store.read_commit(oid) for oid in ids]
+    base = merge_base(store.read_commit, ids)
+    if base is None and any(r.strategy == "task-arithmetic" for r in rules):
+        raise MergeError(f"task arithmetic needs a common ancestor, and "
+                         f"{', '.join(names)} share no history")
+    manifests = [store.read_manifest(c.manifest) for c in commits]
+    base_manifest = store.read_manifest(store.read_commit(base).manifest) \
+        if base is not None and any(r.strategy == "task-arithmetic" for r in rules) else None
+
+    first = manifests[0]
+    optims: list[set[str]] = [set() for _ in manifests]  # optimizer state's tensor names
+    trees = [_optimizer_states(m.tree, found) for m, found in zip(manifests, optims,
+                                                                  strict=True)]
+    tree = first.tree if optimizer == "average" else trees[0]
+    layout = StateLayout.derive({layer_of(n) for n in first.tensors}, commits[0].meta)
+    prefix = layout.model_prefix
+
+    def part(j: int, name: str) -> str:
+        if name in optims[j]:
+            return "optimizer"
+        return "model" if prefix is None or name.startswith(prefix) else "other"
+
+    model = [n for n in first.tensors if part(0, n) == "model"]
+    for j, m in enumerate(manifests[1:], 1):
+        extra = sorted(n for n in m.tensors if part(j, n) == "model" and n not in first.tensors)
+        if extra:
+            raise MergeError(f"tensor {extra[0]!r} is in {names[j]} but not in {names[0]}, "
+                             "whose structure the merge keeps")
+    # each model tensor's rule: the last that matches it
+    decided: dict[str, Rule] = {}
+    for name in model:
+        for rule in reversed(rules):
+            if rule.matches(name, prefix):
+                decided[name] = rule
+                break
+    used = {id(r) for r in decided.values()}
+    for rule in rules:
+        if rule.pattern is not None and not any(rule.matches(n, prefix) for n in model):
+            raise MergeError(f"{rule.spec}: pattern {rule.pattern!r} matches no tensor "
+                             f"(names look like {_example(model, prefix)!r})")
+        if id(rule) not in used:
+            raise MergeError(f"{rule.spec}: a later --strategy overrides it for every "
+                             "tensor it matches; drop it or reorder")
+
+    # every tensor present (a pruned snapshot is fetched from a remote, or refused)
+    for oid, m in zip(ids, manifests, strict=True):
+        store.require_data(oid, m)
+    if base_manifest is not None and base is not None:
+        store.require_data(base, base_manifest)
+
+    out: dict[str, Any] = {}
+    ties: dict[str, str] = {}
+    counts = {"combined": 0, "taken": 0, "kept": 0, "first_parent": 0}
+    weights_of = {r.spec: (r.weights or (1.0,) * len(ids)) for r in rules}
+
+    def entry_in(j: int, name: str) -> TensorEntry:
+        entry = manifests[j].tensors.get(name)
+        if entry is None:
+            hint = "; merge with --optimizer drop" if name in optims[0] else ""
+            raise MergeError(f"tensor {name!r} is in {names[0]} but not in {names[j]}{hint}")
+        return entry
+
+    def combined(name: str, rule: Rule, group: Sequence[int], weights: Sequence[float]
+                 ) -> TensorEntry | RawTensor:
+        entries = [entry_in(j, name) for j in group]
+        b = None
+        if rule.strategy == "task-arithmetic":
+            assert base_manifest is not None
+            b = base_manifest.tensors.get(name)
+            if b is None:
+                raise MergeError(f"tensor {name!r} is not in the merge base {base[:12]}")  # type: ignore[index]
+            entries_b = [*entries, b]
+        else:
+            entries_b = entries
+        e0 = entries[0]
+        for j, e in zip([*group, -1][:len(entries_b)], entries_b, strict=True):
+            where = names[j] if j >= 0 else f"the merge base {base[:12]}"  # type: ignore[index]
+            if e.shape != e0.shape:
+                raise MergeError(f"cannot merge tensor {name!r}: shape {list(e0.shape)} in "
+                                 f"{names[0]} but {list(e.shape)} in {where}")
+            if e.dtype != e0.dtype:
+                raise MergeError(f"cannot merge tensor {name!r}: {e0.dtype} in {names[0]} "
+                                 f"but {e.dtype} in {where}")
+        if len({e.id for e in entries_b}) == 1:  # the same bytes everywhere: as they are
+            counts["kept"] += 1
+            return _plain(e0)
+        if not _is_float(e0.dtype) or is_counter(name, e0.shape):
+            counts["first_parent"] += 1
+            return _plain(e0)
+        counts["combined"] += 1
+        raws = [store.read_tensor(e) for e in entries]
+        data = _combine(rule, raws, store.read_tensor(b) if b is not None else None, weights)
+        return RawTensor(e0.dtype, e0.shape, data)
+
+    average = parse_rule("average")
+    everyone = range(len(ids))
+    for name, entry in first.tensors.items():
+        if entry.tie is not None:
+            ties[name] = entry.tie
+            continue
+        kind = part(0, name)
+        if kind == "model":
+            rule = decided[name]
+            if rule.strategy == "take":
+                taken = entry_in(takes[rule.spec], name)
+                out[name] = _plain(taken)
+                counts["taken"] += 1
+            else:
+                out[name] = combined(name, rule, everyone, weights_of[rule.spec])
+        elif kind == "optimizer":
+            if optimizer == "average":
+                out[name] = combined(name, average, everyone, (1.0,) * len(ids))
+        else:
+            out[name] = _plain(entry)
+            counts["first_parent"] += 1
+    ties = {n: t for n, t in ties.items() if t in out}  # (a dropped optimizer's: gone)
+    for name, target in ties.items():  # tied names last: their targets are stored first
+        out[name] = out[target]
+
+    meta = {k: v for k, v in commits[0].meta.items() if k not in META_DROPPED}
+    meta["merge"] = {
+        "revs": names, "base": base, "strategy": [r.spec for r in rules],
+        "rules": [_rule_json(r, ids, takes) for r in rules], "optimizer": optimizer,
+        "hparams_differ": differing_hparams(commits), "tensors": counts,
+    }
+    return MergePlan(FlatState(out, tree, ties), dict(commits[0].hparams), commits[0].step,
+                     meta, counts)
+
+
+def _plain(entry: TensorEntry) -> TensorEntry:
+    """An entry without its tie (its object is stored under the merged name)."""
+    return entry if entry.tie is None else \
+        TensorEntry(entry.id, entry.dtype, entry.shape, entry.nbytes)
+
+
+def _example(names: Sequence[str], prefix: str | None) -> str:
+    name = names[0] if names else ""
+    return name[len(prefix):] if prefix and name.startswith(prefix) else name
+
+
+def _rule_json(rule: Rule, ids: Sequence[ObjectId], takes: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {"strategy": rule.strategy}
+    if rule.strategy == "weighted":
+        out["weights"] = list(rule.weights)
+    elif rule.strategy == "task-arithmetic":
+        out["lambda"] = rule.lam
+    elif rule.strategy == "take":
+        out.update(pattern=rule.pattern, rev=rule.rev, commit=ids[takes[rule.spec]])
+    return out
+
+
+# ---------------------------------------------------------------------- the commit
+class MergeRepo(Store, Protocol):
+    """What `merge` needs beyond reading: a `Repo`."""
+
+    refs: Any
+    engine: Any
+
+    def current_branch(self) -> str | None: ...
+    def ensure_clean_workspace(self) -> None: ...
+    def write_workspace(self, oid: ObjectId) -> Any: ...
+
+
+def merge(repo: MergeRepo, revs: Sequence[str], strategy: str | Sequence[str] = (), *,
+          message: str | None = None, branch: str | None = None, optimizer: str = "drop",
+          workspace: bool = False, force: bool = False) -> ObjectId:
+    """`Repo.merge`: commit the merge of `revs` into the current branch (first parent: its
+    head), or into `branch` (created from the first of `revs` when it does not exist).
+    `workspace`: when the merge lands on HEAD's branch (or a detached HEAD), the workspace
+    checkpoint is then rewritten, refused beforehand if it has uncommitted changes (unless
+    `force`)."""
+    from vrl.refs import check_ref_name
+
+    specs = [strategy] if isinstance(strategy, str) else list(strategy)
+    rules = [parse_rule(s) for s in specs]
+    if branch is not None:
+        check_ref_name(branch, "branch")
+        ref = f"refs/heads/{branch}"
+        on_head = branch == repo.current_branch()
+        target = branch
+    else:
+        ref, on_head = "HEAD", True
+        target = repo.current_branch() or "HEAD"
+    expected = repo.refs.read(ref)
+    named = [(rev, repo.resolve(rev)) for rev in revs]
+    parents = ([(target, expected)] if expected else []) + named
+    if workspace and on_head and not force:
+        repo.ensure_clean_workspace()
+    plan = plan_merge(repo, parents, rules, optimizer)
+    if message is None:
+        merged = [n for n, _ in (named if expected else named[1:])]
+        how = ", ".join(plan.meta["merge"]["strategy"])
+        message = f"Merge {', '.join(merged)} into {target} ({how})"
+    cid = repo.engine.commit(plan.state, message=message, hparams=plan.hparams,
+                             step=plan.step, meta=plan.meta, allow_empty=True, ref=ref,
+                             merge=(expected, tuple(oid for _, oid in parents)))
+    if workspace and on_head:
+        repo.write_workspace(cid)
+    return cid

@@ -19,6 +19,7 @@ from vrl.cli._common import (
     short,
     table,
 )
+from vrl.cli.merge import merge_lines
 from vrl.cli.refs import warn_damaged_refs
 from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
@@ -134,6 +135,9 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
     click.echo(color(f"commit {oid}", "yellow"))
     if c.parents:
         click.echo(f"Parent: {c.parents[0]}")
+    merged = merge_lines(c)  # a merge commit: all its parents, its base and recipe
+    if merged:
+        click.echo("\n".join(merged))
     click.echo(f"Author: {safe(c.author, True)}")
     click.echo(f"Date:   {safe(c.time, True)}")
     if c.step is not None:
@@ -142,7 +146,9 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
     for line in str(c.message or "").splitlines() or [""]:
         click.echo(f"    {safe(line, True)}")
     for title, data in (("Hyperparameters", c.hparams), ("Metrics", c.metrics),
-                        ("Environment", c.env), ("Metadata", c.meta)):
+                        ("Environment", c.env),
+                        ("Metadata", {k: v for k, v in c.meta.items()
+                                      if not (merged and k == "merge")})):
         if data:
             click.echo(f"\n{title}:")
             for key, value in _flat(data):

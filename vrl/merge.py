@@ -26,19 +26,18 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vrl.commit_engine import FlatState
 from vrl.diff import StateLayout, is_counter, layer_of
 from vrl.errors import ObjectNotFoundError, VrlError
+from vrl.merge_math import combine, computable, floating
 from vrl.objects import Commit, Manifest, ObjectId, TensorEntry
-from vrl.safetensors_file import RawTensor, as_numpy
+from vrl.safetensors_file import RawTensor
 
 OPTIMIZER_MODES = ("drop", "average")
 COMBINING = ("average", "weighted", "task-arithmetic")
-FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "complex64",
-                          "complex128"})
 META_DROPPED = ("frozen_layers", "source_file", "merge")  # the first parent's, not ours
 
 
@@ -103,7 +102,6 @@ class MergePlan:
     hparams: dict[str, Any]
     step: int | None
     meta: dict[str, Any]
-    counts: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- the commit graph
@@ -126,7 +124,7 @@ def merge_base(read_commit: Callable[[ObjectId], Commit],
                commits: Sequence[ObjectId]) -> ObjectId | None:
     """The best common ancestor of all `commits` (git's octopus merge base): a common
     ancestor that no other common ancestor descends from; of several such, the newest
-    (then the smallest id). None when they share no history."""
+    (then the greatest id). None when they share no history."""
     common = set.intersection(*(ancestors(read_commit, c) for c in commits))
     below: set[ObjectId] = set()  # common ancestors of another common ancestor
     for c in common:
@@ -138,101 +136,29 @@ def merge_base(read_commit: Callable[[ObjectId], Commit],
             if p not in below:
                 below |= ancestors(read_commit, p)
     best = common - below
-    if not best:
-        return None
-    return min(best, key=lambda c: (_neg(read_commit(c).time), c))
-
-
-def _neg(text: str) -> tuple[int, ...]:
-    return tuple(-ord(ch) for ch in text)
-
-
-# ---------------------------------------------------------------------- tensor arithmetic
-def _is_float(dtype: str) -> bool:
-    return dtype in FLOAT_DTYPES or (dtype.startswith("numpy:") and dtype[-2] in "fc")
-
-
-def _wide(raw: RawTensor) -> Any:
-    """The tensor as float64 (complex128 for complex) numpy values, exactly."""
-    import numpy as np
-
-    if raw.dtype == "bfloat16":  # bfloat16 is the top half of a float32
-        bits = np.frombuffer(raw.data, dtype="<u2").astype("<u4") << 16
-        return bits.view("<f4").astype(np.float64).reshape(raw.shape)
-    arr = as_numpy(raw)
-    return arr.astype(np.complex128 if arr.dtype.kind == "c" else np.float64)
-
-
-def _narrow(values: Any, dtype: str) -> bytes:
-    """float64 values cast back to `dtype` (round to nearest even), as bytes."""
-    import numpy as np
-
-    if dtype == "bfloat16":
-        bits = values.astype("<f4").view("<u4")
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
-        nan = np.isnan(values)
-        rounded[nan] = ((bits[nan] >> 16) | 0x40).astype("<u2")  # stays a (quiet) NaN
-        return rounded.tobytes()
-    return np.ascontiguousarray(values.astype(_np_dtype(dtype))).tobytes()
-
-
-def _np_dtype(dtype: str) -> Any:
-    return as_numpy(RawTensor(dtype, (0,), b"")).dtype  # (vrl's dtype -> numpy's table)
-
-
-def _combine(rule: Rule, raws: list[RawTensor], base: RawTensor | None,
-             weights: Sequence[float]) -> bytes:
-    """One tensor merged by a combining rule, computed in float64."""
-    if rule.strategy == "task-arithmetic":
-        assert base is not None
-        origin = _wide(base)
-        acc = sum(_wide(r) - origin for r in raws)
-        out = origin + rule.lam * acc
-    else:
-        out = _wide(raws[0]) * weights[0]
-        for w, r in zip(weights[1:], raws[1:], strict=True):
-            out = out + _wide(r) * w
-        out = out / sum(weights)
-    return _narrow(out, raws[0].dtype)
+    return max(best, key=lambda c: (read_commit(c).time, c)) if best else None
 
 
 # ---------------------------------------------------------------------- the tree
-def _optimizer_states(tree: Any, out: set[str]) -> Any:
+def _optimizer_states(tree: Any, out: set[str], inside: bool = False) -> Any:
     """Collect the tensor names under every optimizer state dict's `state` (a dict with
     `state` and `param_groups`) into `out`; return the tree with those states emptied."""
     if isinstance(tree, list):
-        return [_optimizer_states(v, out) for v in tree]
+        return [_optimizer_states(v, out, inside) for v in tree]
     if not isinstance(tree, dict) or len(tree) != 1:
         return tree
     (tag, value), = tree.items()
-    if tag == "$t":
-        return tree
-    if tag == "$d":
-        keys = {k for k, _ in value}
-        if {"state", "param_groups"} <= keys:
-            for k, v in value:
-                if k == "state":
-                    _tensor_names(v, out)
-            return {"$d": [[k, {"$d": []} if k == "state" else v] for k, v in value]}
-        return {"$d": [[k, _optimizer_states(v, out)] for k, v in value]}
-    if tag == "$tu":
-        return {"$tu": [_optimizer_states(v, out) for v in value]}
+    if tag == "$t" and inside:
+        out.add(value)
+    elif tag == "$tu":
+        return {"$tu": _optimizer_states(value, out, inside)}
+    elif tag == "$d":
+        optimizer = not inside and {"state", "param_groups"} <= {k for k, _ in value}
+        items = [[k, _optimizer_states(v, out, inside or (optimizer and k == "state"))]
+                 for k, v in value]
+        return {"$d": [[k, {"$d": []} if optimizer and k == "state" else v]
+                       for k, v in items]}
     return tree
-
-
-def _tensor_names(tree: Any, out: set[str]) -> None:
-    if isinstance(tree, list):
-        for v in tree:
-            _tensor_names(v, out)
-    elif isinstance(tree, dict) and len(tree) == 1:
-        (tag, value), = tree.items()
-        if tag == "$t":
-            out.add(value)
-        elif tag == "$d":
-            for _, v in value:
-                _tensor_names(v, out)
-        elif tag == "$tu":
-            _tensor_names(value, out)
 
 
 def _flat_hparams(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -370,12 +296,16 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
         if len({e.id for e in entries_b}) == 1:  # the same bytes everywhere: as they are
             counts["kept"] += 1
             return _plain(e0)
-        if not _is_float(e0.dtype) or is_counter(name, e0.shape):
+        if is_counter(name, e0.shape) or not floating(e0.dtype):
             counts["first_parent"] += 1
             return _plain(e0)
+        if not computable(e0.dtype):
+            raise MergeError(f"cannot combine tensor {name!r}: vrl cannot compute in "
+                             f"{e0.dtype}; take it from one snapshot (take:PATTERN=REV)")
         counts["combined"] += 1
         raws = [store.read_tensor(e) for e in entries]
-        data = _combine(rule, raws, store.read_tensor(b) if b is not None else None, weights)
+        data = combine(raws, weights, store.read_tensor(b) if b is not None else None,
+                       rule.lam)
         return RawTensor(e0.dtype, e0.shape, data)
 
     average = parse_rule("average")
@@ -410,7 +340,7 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
         "hparams_differ": differing_hparams(commits), "tensors": counts,
     }
     return MergePlan(FlatState(out, tree, ties), dict(commits[0].hparams), commits[0].step,
-                     meta, counts)
+                     meta)
 
 
 def _plain(entry: TensorEntry) -> TensorEntry:

@@ -293,3 +293,74 @@ def test_a_merge_survives_push_clone_and_gc(ws, capsys):
     assert clone.load()["w"].tolist() == [2.5, 2.5, 2.5]
     assert [e.commit.message for e in clone.log()][-1] == "base"
     assert len(clone.log()) == 4 and clone.fsck()["ok"]
+
+
+def test_snapshotter_runs_merge_and_load_back_into_a_model(repo):
+    """Two Snapshotter runs forked from one snapshot: their soup loads into the model and
+    a fresh optimizer (dropped state), RNG from the first run."""
+    from vrl import Snapshotter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def train(branch: str, seed: int) -> None:
+        repo.load_into(model, "main", optimizer=opt)
+        torch.manual_seed(seed)
+        with Snapshotter(repo, model, opt, branch=branch, committer="thread",
+                         env=False) as snap:
+            for it in range(3):
+                loss = model(torch.randn(16, 4)).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                snap.step(it)
+
+    repo.commit(model, opt, message="start")
+    repo.branch("run-a")  # (a Snapshotter on a missing branch would start a new root)
+    repo.branch("run-b")
+    train("run-a", 1)
+    train("run-b", 2)
+    cid = repo.merge(["run-a", "run-b"], branch="soup")
+    a, b = repo.load("run-a"), repo.load("run-b")
+    soup = repo.load(cid)
+    assert soup["optimizer"]["state"] == {}
+    assert_same(soup["rng"], a["rng"])
+    for name, tensor in soup["model"].items():
+        want = ((_f64(a["model"][name]) + _f64(b["model"][name])) / 2).astype(np.float32)
+        assert tensor.numpy().tobytes() == want.tobytes(), name
+    fresh = torch.optim.Adam(model.parameters(), lr=1e-2)
+    repo.load_into(model, "soup", optimizer=fresh)
+    assert fresh.state_dict()["state"] == {}
+    assert repo.read_commit(cid).meta["merge"]["base"] == repo.resolve("main")
+
+
+def test_bfloat16_and_half_rounding_match_torch():
+    from vrl.merge_math import combine
+    from vrl.safetensors_file import RawTensor
+
+    values = torch.tensor([1.0, -2.5, 3.0e38, -3.0e38, 1e-40, float("inf"), float("nan"),
+                           -0.0, 1.00390625, 0.1], dtype=torch.float64)
+    other = torch.tensor([1.0078125, -2.5, 3.0e38, 3.0e38, -1e-40, 1.0, 2.0, 0.0,
+                          1.0, 0.3], dtype=torch.float64)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x, y = values.to(dtype), other.to(dtype)
+        raws = [RawTensor(str(dtype).removeprefix("torch."), tuple(t.shape), raw(t))
+                for t in (x, y)]
+        want = ((x.double() + y.double()) / 2).float().to(dtype)
+        got = torch.frombuffer(bytearray(combine(raws, (1.0, 1.0))), dtype=dtype)
+        assert got[6].isnan()  # (torch's own NaN bits differ between its cast paths)
+        got[6] = want[6] = 0
+        assert raw(got) == raw(want), dtype
+
+
+def test_float8_cannot_be_combined_but_can_be_taken(repo):
+    state = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(3)}
+    repo.commit(state, message="a")
+    repo.branch("x")
+    state2 = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(3)}
+    repo.commit(state2, message="x", ref="refs/heads/x")
+    with pytest.raises(VrlError, match="'w': vrl cannot compute in float8_e4m3fn"):
+        repo.merge("x")
+    cid = repo.merge("x", ["average", "take:w=x"])
+    assert raw(repo.load(cid)["w"]) == raw(state2["w"])

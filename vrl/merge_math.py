@@ -48,27 +48,32 @@ def narrow(values: Any, dtype: str) -> bytes:
     import numpy as np
 
     if dtype == "bfloat16":
-        bits = values.astype("<f4").view("<u4")
+        with np.errstate(all="ignore"):  # (beyond float32's range: inf, as torch casts)
+            bits = values.astype("<f4").view("<u4")
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
         nan = np.isnan(values)
-        rounded[nan] = 0x7FC0  # the quiet NaN torch casts every NaN to
+        rounded[nan] = ((bits[nan] >> 16) | 0x40).astype("<u2")  # a quiet NaN, its sign kept
         return rounded.tobytes()
-    return np.ascontiguousarray(values.astype(numpy_dtype(dtype))).tobytes()
+    with np.errstate(all="ignore"):
+        return np.ascontiguousarray(values.astype(numpy_dtype(dtype))).tobytes()
 
 
 def combine(raws: Sequence[RawTensor], weights: Sequence[float],
             base: RawTensor | None = None, lam: float = 1.0) -> bytes:
     """sum(w_i * x_i) / sum(w_i), left to right; with a `base`, task arithmetic instead:
     base + lam * sum(x_i - base). In the dtype of `raws[0]`."""
-    if base is not None:
-        origin = wide(base)
-        acc = wide(raws[0]) - origin
-        for raw in raws[1:]:
-            acc = acc + (wide(raw) - origin)
-        out = origin + lam * acc
-    else:
-        out = wide(raws[0]) * weights[0]
-        for w, raw in zip(weights[1:], raws[1:], strict=True):
-            out = out + wide(raw) * w
-        out = out / sum(weights)
+    import numpy as np
+
+    with np.errstate(all="ignore"):  # inf - inf is nan, as IEEE says: no warning
+        if base is not None:
+            origin = wide(base)
+            acc = wide(raws[0]) - origin
+            for raw in raws[1:]:
+                acc = acc + (wide(raw) - origin)
+            out = origin + lam * acc
+        else:
+            out = wide(raws[0]) * weights[0]
+            for w, raw in zip(weights[1:], raws[1:], strict=True):
+                out = out + wide(raw) * w
+            out = out / sum(weights)
     return narrow(out, raws[0].dtype)

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, raw, vrl
+from helpers import assert_same, before_ref_moves, raw, vrl
 
 from vrl import Repo
 from vrl.errors import VrlError
@@ -201,6 +201,23 @@ def test_refusals_leave_every_ref_as_it_was(two):
     assert _refs(repo) == before
     assert sorted(repo.objects.ids()) == objects  # nothing half-written
     assert repo.head() == main
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_a_merge_is_never_re_parented_onto_a_commit_that_raced_it(tmp_path, journal):
+    from vrl.errors import RefConflictError
+
+    path = tmp_path / "repo"
+    first = Repo.init(path)
+    first.commit(_state(0), message="base", env=False)
+    first.commit(_state(2), message="side", env=False, ref="refs/heads/side")
+    merger, other = Repo(path, journal=journal), Repo(path)
+    raced = []
+    before_ref_moves(merger, lambda: raced or raced.append(
+        other.commit(_state(1), message="raced", env=False)))
+    with pytest.raises(RefConflictError, match="moved while merging"):
+        merger.merge("side")
+    assert Repo(path).head() == raced[0]  # the other commit stands, no merge on top of it
 
 
 def test_branch_option_creates_the_branch_from_the_first_rev(two):

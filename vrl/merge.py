@@ -25,6 +25,7 @@ commit engine's (`CommitEngine.commit(merge=...)`), so a failure moves no ref.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,7 +38,6 @@ from vrl.objects import Commit, Manifest, ObjectId, TensorEntry
 from vrl.safetensors_file import RawTensor
 
 OPTIMIZER_MODES = ("drop", "average")
-COMBINING = ("average", "weighted", "task-arithmetic")
 META_DROPPED = ("frozen_layers", "source_file", "merge")  # the first parent's, not ours
 
 
@@ -81,9 +81,9 @@ def parse_rule(spec: str) -> Rule:
         if kind == "average" and not sep:
             return Rule(spec, kind)
         if kind == "weighted" and arg:
-            return Rule(spec, kind, weights=tuple(float(w) for w in arg.split(",")))
+            return Rule(spec, kind, weights=tuple(_finite(w) for w in arg.split(",")))
         if kind == "task-arithmetic" and arg:
-            return Rule(spec, kind, lam=float(arg))
+            return Rule(spec, kind, lam=_finite(arg))
         if kind == "take":
             pattern, eq, rev = arg.partition("=")
             if pattern and eq and rev:
@@ -92,6 +92,13 @@ def parse_rule(spec: str) -> Rule:
         pass
     raise MergeError(f"unknown strategy {spec!r}: use average, weighted:W1,W2,..., "
                      "task-arithmetic:LAMBDA or take:PATTERN=REV")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
 
 
 @dataclass

@@ -226,6 +226,8 @@ def test_branch_option_creates_the_branch_from_the_first_rev(two):
     assert repo.branches()["soup"] == cid
     assert repo.read_commit(cid).parents == (main, low)
     assert repo.head() == main  # the current branch did not move
+    with pytest.raises(VrlError, match="a new branch starts from the first revision"):
+        repo.merge("lr-low", branch="new")
     again = repo.merge("lr-low", branch="soup", strategy="weighted:1,1")  # onto its head
     assert repo.read_commit(again).parents == (cid, low)
 

@@ -405,6 +405,10 @@ def merge(repo: MergeRepo, revs: Sequence[str], strategy: str | Sequence[str] = 
         ref, on_head = "HEAD", True
         target = repo.current_branch() or "HEAD"
     expected = repo.refs.read(ref)
+    if branch is not None and expected is None and len(revs) < 2:
+        raise MergeError(f"branch {branch!r} does not exist: a new branch starts from the "
+                         "first revision, so name two or more (vrl merge A B --branch "
+                         f"{branch})")
     named = [(rev, repo.resolve(rev)) for rev in revs]
     parents = ([(target, expected)] if expected else []) + named
     if workspace and on_head and not force:

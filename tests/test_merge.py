@@ -265,6 +265,8 @@ def test_cli_end_to_end_with_a_safetensors_workspace(ws, capsys):
     assert "Wrote policy.safetensors" in out
     code, out, _ = vrl(capsys, "status")
     assert "no changes since HEAD" in out  # the workspace holds the merge
+    with open("policy.safetensors", "rb") as f:  # in the layout of the files merged
+        assert b"vrl.tree" not in f.read(4096)
     code, out, _ = vrl(capsys, "show")
     assert code == 0
     assert f"Merge:  {head[:12]} {repo.resolve('lr-low')[:12]}" in out

@@ -61,10 +61,12 @@ COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attemp
 
 class FlatState(NamedTuple):
     """A checkpoint already split by `vrl.tensors.flatten`: {name: tensor, array, RawTensor
-    or stored TensorEntry}, the JSON skeleton and {name: tied-to}."""
+    or stored TensorEntry}, the JSON skeleton and {name: tied-to}; `layout`: the file
+    header to keep (a merge of snapshots committed from one file layout)."""
     tensors: dict[str, Any]
     tree: Any
     ties: dict[str, str]
+    layout: FileLayout | None = None
 
 
 class CommitEngine:
@@ -148,7 +150,7 @@ class CommitEngine:
         manifest, ids newly written). With write=False nothing is stored."""
         views = None
         if isinstance(state, FlatState):
-            tensors, tree, ties = state
+            tensors, tree, ties = state.tensors, state.tree, state.ties
         else:
             tensors, tree, ties = flatten(to_state(state), self._views)
             views = self._views.now
@@ -157,7 +159,8 @@ class CommitEngine:
         try:
             entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
-                if isinstance(state, SafetensorsFile) else None
+                if isinstance(state, SafetensorsFile) else \
+                state.layout if isinstance(state, FlatState) else None
             manifest = Manifest(entries, tree, layout)
             memo, tree_text = self._views, None
             if memo.tree is not None and tree is memo.tree:  # its skeleton again: the text

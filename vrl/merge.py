@@ -340,14 +340,19 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
     for name, target in ties.items():  # tied names last: their targets are stored first
         out[name] = out[target]
 
+    # a snapshot committed from a file keeps that file's header (names, order, metadata)
+    # where it still describes the merged tensors: the workspace file stays that file
+    layout = first.layout if first.layout is not None and out.keys() == first.tensors.keys() \
+        and all((v.dtype, v.shape) == (first.tensors[n].dtype, first.tensors[n].shape)
+                for n, v in out.items()) else None
     meta = {k: v for k, v in commits[0].meta.items() if k not in META_DROPPED}
     meta["merge"] = {
         "revs": names, "base": base, "strategy": [r.spec for r in rules],
         "rules": [_rule_json(r, ids, takes) for r in rules], "optimizer": optimizer,
         "hparams_differ": differing_hparams(commits), "tensors": counts,
     }
-    return MergePlan(FlatState(out, tree, ties), dict(commits[0].hparams), commits[0].step,
-                     meta)
+    return MergePlan(FlatState(out, tree, ties, layout), dict(commits[0].hparams),
+                     commits[0].step, meta)
 
 
 def _plain(entry: TensorEntry) -> TensorEntry:

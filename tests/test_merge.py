@@ -385,3 +385,37 @@ def test_float8_cannot_be_combined_but_can_be_taken(repo):
         repo.merge("x")
     cid = repo.merge("x", ["average", "take:w=x"])
     assert raw(repo.load(cid)["w"]) == raw(state2["w"])
+
+
+def test_merging_safetensors_files_never_imports_torch(ws, capsys):
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    def policy(value: float) -> None:
+        save_file({"w": np.full(4, value, np.float32), "b": np.arange(3, dtype=np.int64)},
+                  "policy.safetensors")
+
+    vrl(capsys, "init")
+    policy(1.0)
+    vrl(capsys, "commit", "-m", "base", "--no-env")
+    vrl(capsys, "branch", "side")
+    policy(2.0)
+    vrl(capsys, "commit", "-m", "main", "--no-env")
+    vrl(capsys, "checkout", "side")
+    policy(4.0)
+    vrl(capsys, "commit", "-m", "side", "--no-env")
+    vrl(capsys, "checkout", "main")
+    code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` fails
+            "from vrl.cli import main; sys.exit(main(['merge', 'side', '--json']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    import json
+
+    report = json.loads(done.stdout)
+    assert report["merge"]["strategy"] == ["average"] and len(report["parents"]) == 2
+    from safetensors.numpy import load_file
+
+    assert load_file("policy.safetensors")["w"].tolist() == [3.0] * 4

@@ -419,3 +419,25 @@ def test_merging_safetensors_files_never_imports_torch(ws, capsys):
     from safetensors.numpy import load_file
 
     assert load_file("policy.safetensors")["w"].tolist() == [3.0] * 4
+
+
+def test_merge_base_is_the_best_common_ancestor():
+    from vrl.merge import merge_base
+    from vrl.objects import Commit
+
+    graph = {"r": (), "a": ("r",), "b": ("r",), "m": ("a", "b"), "c": ("m",), "d": ("b",),
+             "e": ("a",), "x": ()}
+    order = list(graph)
+
+    def read(oid):
+        return Commit(manifest="0" * 64, parents=graph[oid], message="", author="",
+                      time=f"2026-01-01T00:00:{order.index(oid):02d}Z")
+
+    assert merge_base(read, ["c", "d"]) == "b"  # r is below b
+    assert merge_base(read, ["c", "d", "e"]) == "r"  # an octopus: what all three share
+    assert merge_base(read, ["c", "a"]) == "a"  # an ancestor of the other
+    assert merge_base(read, ["d", "e"]) == "r"
+    assert merge_base(read, ["c", "x"]) is None
+    graph["f"], graph["g"] = ("a", "b"), ("b", "a")  # criss-cross: a and b both best
+    order.extend(["f", "g"])
+    assert merge_base(read, ["f", "g"]) == "b"  # the newer of the two

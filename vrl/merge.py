@@ -112,9 +112,10 @@ class MergePlan:
 
 
 # ---------------------------------------------------------------------- the commit graph
-def ancestors(read_commit: Callable[[ObjectId], Commit], oid: ObjectId) -> set[ObjectId]:
-    """`oid` and every commit reachable from it (a shallow history's end stops the walk)."""
-    seen, stack = {oid}, [oid]
+def ancestors(read_commit: Callable[[ObjectId], Commit], *start: ObjectId) -> set[ObjectId]:
+    """`start` and every commit reachable from them (a shallow history's end stops the
+    walk)."""
+    seen, stack = set(start), list(start)
     while stack:
         try:
             parents = read_commit(stack.pop()).parents
@@ -131,18 +132,15 @@ def merge_base(read_commit: Callable[[ObjectId], Commit],
                commits: Sequence[ObjectId]) -> ObjectId | None:
     """The best common ancestor of all `commits` (git's octopus merge base): a common
     ancestor that no other common ancestor descends from; of several such, the newest
-    (then the greatest id). None when they share no history."""
+    (then the greatest id). None when they share no history. Linear in the history."""
     common = set.intersection(*(ancestors(read_commit, c) for c in commits))
-    below: set[ObjectId] = set()  # common ancestors of another common ancestor
+    parents: set[ObjectId] = set()  # what they reach is below a common ancestor
     for c in common:
         try:
-            parents = read_commit(c).parents
+            parents.update(read_commit(c).parents)
         except ObjectNotFoundError:
             continue
-        for p in parents:
-            if p not in below:
-                below |= ancestors(read_commit, p)
-    best = common - below
+    best = common - ancestors(read_commit, *parents)
     return max(best, key=lambda c: (read_commit(c).time, c)) if best else None
 
 

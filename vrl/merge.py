@@ -277,28 +277,24 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
             raise MergeError(f"tensor {name!r} is in {names[0]} but not in {names[j]}{hint}")
         return entry
 
-    def combined(name: str, rule: Rule, group: Sequence[int], weights: Sequence[float]
-                 ) -> TensorEntry | RawTensor:
-        entries = [entry_in(j, name) for j in group]
-        b = None
+    in_base = f"the merge base {base[:12]}" if base else ""
+
+    def combined(name: str, rule: Rule, weights: Sequence[float]) -> TensorEntry | RawTensor:
+        sources = [(names[j], entry_in(j, name)) for j in range(len(ids))]
         if rule.strategy == "task-arithmetic":
-            assert base_manifest is not None
-            b = base_manifest.tensors.get(name)
+            b = base_manifest.tensors.get(name) if base_manifest else None
             if b is None:
-                raise MergeError(f"tensor {name!r} is not in the merge base {base[:12]}")  # type: ignore[index]
-            entries_b = [*entries, b]
-        else:
-            entries_b = entries
-        e0 = entries[0]
-        for j, e in zip([*group, -1][:len(entries_b)], entries_b, strict=True):
-            where = names[j] if j >= 0 else f"the merge base {base[:12]}"  # type: ignore[index]
+                raise MergeError(f"tensor {name!r} is not in {in_base}")
+            sources.append((in_base, b))
+        e0 = sources[0][1]
+        for where, e in sources[1:]:
             if e.shape != e0.shape:
                 raise MergeError(f"cannot merge tensor {name!r}: shape {list(e0.shape)} in "
                                  f"{names[0]} but {list(e.shape)} in {where}")
             if e.dtype != e0.dtype:
                 raise MergeError(f"cannot merge tensor {name!r}: {e0.dtype} in {names[0]} "
                                  f"but {e.dtype} in {where}")
-        if len({e.id for e in entries_b}) == 1:  # the same bytes everywhere: as they are
+        if len({e.id for _, e in sources}) == 1:  # the same bytes everywhere: as they are
             counts["kept"] += 1
             return _plain(e0)
         if is_counter(name, e0.shape) or not floating(e0.dtype):
@@ -308,13 +304,12 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
             raise MergeError(f"cannot combine tensor {name!r}: vrl cannot compute in "
                              f"{e0.dtype}; take it from one snapshot (take:PATTERN=REV)")
         counts["combined"] += 1
-        raws = [store.read_tensor(e) for e in entries]
-        data = combine(raws, weights, store.read_tensor(b) if b is not None else None,
-                       rule.lam)
+        raws = [store.read_tensor(e) for _, e in sources]
+        base_raw = raws.pop() if rule.strategy == "task-arithmetic" else None
+        data = combine(raws, weights, base_raw, rule.lam)
         return RawTensor(e0.dtype, e0.shape, data)
 
     average = parse_rule("average")
-    everyone = range(len(ids))
     for name, entry in first.tensors.items():
         if entry.tie is not None:
             ties[name] = entry.tie
@@ -327,10 +322,10 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
                 out[name] = _plain(taken)
                 counts["taken"] += 1
             else:
-                out[name] = combined(name, rule, everyone, weights_of[rule.spec])
+                out[name] = combined(name, rule, weights_of[rule.spec])
         elif kind == "optimizer":
             if optimizer == "average":
-                out[name] = combined(name, average, everyone, (1.0,) * len(ids))
+                out[name] = combined(name, average, (1.0,) * len(ids))
         else:
             out[name] = _plain(entry)
             counts["first_parent"] += 1

@@ -1,25 +1,16 @@
-"""Merging snapshots: one commit whose parents are several snapshots, and whose weights
-combine theirs by a recorded recipe (`vrl merge`, `Repo.merge`).
+"""Merging snapshots (`vrl merge`, `Repo.merge`): one commit whose parents are several
+snapshots, first parent first, and whose weights combine theirs by a recipe recorded in
+its meta["merge"]. Works on manifests and raw bytes (vrl/merge_math.py: numpy, no torch).
 
-Works on manifests and raw tensor bytes (numpy, no torch). Strategies, each a rule:
-
-* ``average``: the elementwise mean of every parent (model soups);
-* ``weighted:W1,...,WN``: sum(Wi * xi) / sum(Wi), one weight per parent in parent order;
-* ``task-arithmetic:L``: base + L * sum(xi - base), base the parents' merge base;
-* ``take:PATTERN=REV``: tensors whose name matches the glob PATTERN (also tried without
-  a training snapshot's ``model/`` prefix) from REV, which must be one of the parents.
-
-Every model tensor takes the *last* rule (in the order given) that matches it; the
-default rule is ``average``. A rule that ends up deciding no tensor is refused. Floating
-tensors are combined in float64 (complex128) and cast back (bfloat16 through float32, as
-torch casts); a tensor with the same object in every input is kept by reference, which
-makes averaging identical parents bit-identical. Integer and bool tensors, step counters
-and everything outside the model (RNG states, environment, counters) are the first
-parent's. Optimizer state is emptied (``drop``: param groups kept, `state` empty, as a
-freshly made optimizer's) or averaged uniformly (``average``).
-
-Everything is checked and computed before anything is written; the commit itself is the
-commit engine's (`CommitEngine.commit(merge=...)`), so a failure moves no ref.
+Rules (`--strategy`): ``average`` (the default), ``weighted:W1,...,WN`` (one weight per
+parent), ``task-arithmetic:L`` (base + L * sum(xi - base), base the merge base) and
+``take:PATTERN=REV`` (a glob on tensor names, tried with and without a training
+snapshot's ``model/``; REV one of the parents). Each model tensor takes the last rule
+that matches it; a rule that decides no tensor is refused. A tensor with the same object
+in every input is kept by reference (so identical parents merge bit-identically); ints,
+bools, step counters and everything outside the model (RNG, counters) are the first
+parent's; optimizer state is emptied (`drop`) or averaged. Everything is checked and
+computed before anything is written; the commit is `CommitEngine.commit(merge=...)`.
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ from vrl.repo import Repo
 
 
 @click.command()
-@click.argument("revs", nargs=-1, required=True)
+@click.argument("revs", nargs=-1, required=True, metavar="REV...")
 @click.option("-s", "--strategy", "strategies", multiple=True, metavar="STRATEGY",
-              help="average (default), weighted:W1,W2,..., task-arithmetic:LAMBDA or "
-                   "take:PATTERN=REV; repeatable: the last that matches a tensor decides it.")
+              help="How to merge: average (the default), weighted:W1,W2,..., "
+                   "task-arithmetic:LAMBDA or take:PATTERN=REV; repeatable, the last rule "
+                   "that matches a tensor decides it.")
 @click.option("-m", "--message", default=None, help="Commit message.")
 @click.option("--branch", default=None, metavar="NAME",
               help="Merge onto NAME instead of the current branch (created from the first "

@@ -442,3 +442,18 @@ def test_merge_base_is_the_best_common_ancestor():
     graph["f"], graph["g"] = ("a", "b"), ("b", "a")  # criss-cross: a and b both best
     order.extend(["f", "g"])
     assert merge_base(read, ["f", "g"]) == "b"  # the newer of the two
+
+
+def test_tied_weights_stay_tied(repo):
+    def tied(seed: int) -> dict:
+        shared = torch.randn(5, 3, generator=torch.Generator().manual_seed(seed))
+        return {"embed.weight": shared, "head.weight": shared, "bias": torch.zeros(5)}
+
+    repo.commit(tied(0), message="a")
+    repo.branch("b")
+    repo.commit(tied(1), message="b", ref="refs/heads/b")
+    repo.commit(tied(2), message="a2")
+    merged = repo.load(repo.merge("b"))
+    assert merged["embed.weight"].data_ptr() == merged["head.weight"].data_ptr()
+    want = ((_f64(tied(2)["embed.weight"]) + _f64(tied(1)["embed.weight"])) / 2)
+    assert merged["head.weight"].numpy().tobytes() == want.astype(np.float32).tobytes()

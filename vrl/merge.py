@@ -198,7 +198,7 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
                                  f"{len(ids)} snapshots ({', '.join(names)})")
             if any(w < 0 for w in rule.weights) or sum(rule.weights) <= 0:
                 raise MergeError(f"{rule.spec}: weights must be >= 0 with a positive sum")
-    takes = {}
+    takes: dict[str, int] = {}  # take rule -> the parent it takes from
     for rule in rules:
         if rule.strategy == "take":
             oid = store.resolve(rule.rev or "")
@@ -220,8 +220,8 @@ def plan_merge(store: Store, parents: Sequence[tuple[str, ObjectId]],
     trees = [_optimizer_states(m.tree, found) for m, found in zip(manifests, optims,
                                                                   strict=True)]
     tree = first.tree if optimizer == "average" else trees[0]
-    layout = StateLayout.derive({layer_of(n) for n in first.tensors}, commits[0].meta)
-    prefix = layout.model_prefix
+    prefix = StateLayout.derive({layer_of(n) for n in first.tensors},
+                                commits[0].meta).model_prefix  # model/ of a training snapshot
 
     def part(j: int, name: str) -> str:
         if name in optims[j]:

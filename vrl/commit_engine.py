@@ -61,10 +61,12 @@ COMMIT_BACKOFF_MAX = 0.2  # seconds: the longest pause between two commit attemp
 
 class FlatState(NamedTuple):
     """A checkpoint already split by `vrl.tensors.flatten`: {name: tensor, array, RawTensor
-    or stored TensorEntry}, the JSON skeleton and {name: tied-to}."""
+    or stored TensorEntry}, the JSON skeleton and {name: tied-to}; `layout`: the file
+    header to keep (a merge of snapshots committed from one file layout)."""
     tensors: dict[str, Any]
     tree: Any
     ties: dict[str, str]
+    layout: FileLayout | None = None
 
 
 class CommitEngine:
@@ -148,7 +150,7 @@ class CommitEngine:
         manifest, ids newly written). With write=False nothing is stored."""
         views = None
         if isinstance(state, FlatState):
-            tensors, tree, ties = state
+            tensors, tree, ties = state.tensors, state.tree, state.ties
         else:
             tensors, tree, ties = flatten(to_state(state), self._views)
             views = self._views.now
@@ -157,7 +159,8 @@ class CommitEngine:
         try:
             entries, new_ids = self._store_tensors(tensors, ties, write, views)
             layout = self._file_layout(state, tensors, entries, tree, write, new_ids) \
-                if isinstance(state, SafetensorsFile) else None
+                if isinstance(state, SafetensorsFile) else \
+                state.layout if isinstance(state, FlatState) else None
             manifest = Manifest(entries, tree, layout)
             memo, tree_text = self._views, None
             if memo.tree is not None and tree is memo.tree:  # its skeleton again: the text
@@ -290,9 +293,14 @@ class CommitEngine:
                step: int | None = None, env: bool | dict[str, Any] = True,
                meta: dict[str, Any] | None = None, allow_empty: bool = False,
                threshold: float | None = None, ref: str = "HEAD", author: str | None = None,
-               time: str | None = None) -> ObjectId:
+               time: str | None = None,
+               merge: tuple[ObjectId | None, tuple[ObjectId, ...]] | None = None) -> ObjectId:
         """`Repo.commit`: snapshot `state` (plus optimizer) as a new commit on `ref`, moved
-        by compare-and-swap; a lost swap re-parents this commit onto the winner's."""
+        by compare-and-swap; a lost swap re-parents this commit onto the winner's.
+
+        `merge` = (the value `ref` must hold, the parents): a merge commit (vrl/merge.py),
+        statistics against its first parent. It is never re-parented (its weights were
+        computed from those parents): a lost swap is a RefConflictError."""
         # metadata problems are found before anything is written
         if not isinstance(message, str):
             raise MetadataError(f"commit message must be a string, not "
@@ -349,11 +357,12 @@ class CommitEngine:
             # object's own last commit on `ref` while nothing else was seen to move it
             # (a training loop's commits), else read: the compare-and-swap decides either
             # way, and a stale guess costs one more round (see _commit_loop)
-            guessed = self.journaled and self._trusted and self._last is not None and \
-                self._last[0] == ref
-            expected = self._last[1] if guessed else self.refs.read(ref)  # type: ignore
+            guessed = merge is None and self.journaled and self._trusted and \
+                self._last is not None and self._last[0] == ref
+            expected = merge[0] if merge else \
+                self._last[1] if guessed else self.refs.read(ref)  # type: ignore
             try:
-                early = layer_stats(expected)
+                early = layer_stats(merge[1][0] if merge else expected)
             except VrlError:
                 if not guessed:
                     raise
@@ -375,7 +384,8 @@ class CommitEngine:
                                         (expected, early, guessed), end_batch, objects_ready,
                                         message=message, author=author, time=time,
                                         hparams=hparams, metrics=metrics,
-                                        env_info=env_info, step=step, meta=meta)
+                                        env_info=env_info, step=step, meta=meta,
+                                        merge=merge[1] if merge else None)
                 ok = True
                 return cid
             finally:
@@ -412,7 +422,12 @@ class CommitEngine:
             # under the lock)
             parent = early[0] if first else self.refs.read(ref)
             first = False
-            if parent and not allow_empty and self._unchanged(parent, mid, manifest):
+            merged = fields["merge"]
+            if merged and parent != early[0]:
+                raise RefConflictError(f"{short_ref(ref)} moved while merging (another "
+                                       "process committed to it); run the merge again")
+            if parent and not merged and not allow_empty and \
+                    self._unchanged(parent, mid, manifest):
                 if guessed and self.refs.read(ref) != parent:
                     guessed = self._trusted = False  # moved meanwhile: commit onto it
                     continue
@@ -420,7 +435,7 @@ class CommitEngine:
                                      f"({parent[:12]}); use --allow-empty to commit "
                                      "anyway")
             stats, stats_text = early[1] if parent == early[0] else layer_stats(parent)
-            commit = Commit(manifest=mid, parents=(parent,) if parent else (),
+            commit = Commit(manifest=mid, parents=merged or ((parent,) if parent else ()),
                             message=message, author=fields["author"] or self.repo.author,
                             time=fields["time"] or utc_now(),
                             hparams=fields["hparams"] or {},

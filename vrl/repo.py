@@ -335,6 +335,24 @@ class Repo(Maintenance, WorkspaceMixin):
                                   allow_empty=allow_empty, threshold=threshold, ref=ref,
                                   author=author, time=time)
 
+    @writes
+    def merge(self, revs: str | list[str], strategy: str | list[str] = "average", *,
+              message: str | None = None, branch: str | None = None,
+              optimizer: str = "drop", workspace: bool = False, force: bool = False
+              ) -> ObjectId:
+        """Commit the merge of `revs` into the current branch, whose head is the first
+        parent (or into `branch`, created from the first of `revs` if missing); the merge
+        base and the recipe go into the commit's meta["merge"]. `strategy`: one or more of
+        average, weighted:W1,..., task-arithmetic:L, take:PATTERN=REV (the last that matches
+        a tensor decides it); `optimizer`: drop or average. `workspace`: rewrite the
+        workspace checkpoint when HEAD's branch moved (refused if it has uncommitted
+        changes, unless `force`). vrl/merge.py has the details."""
+        from vrl.merge import merge
+
+        return merge(self, [revs] if isinstance(revs, str) else revs, strategy,
+                     message=message, branch=branch, optimizer=optimizer,
+                     workspace=workspace, force=force)
+
     @property
     def threshold(self) -> float:
         return self.config.getfloat("diff", "threshold")

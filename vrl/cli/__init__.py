@@ -26,6 +26,7 @@ BUILTINS = {
     **dict.fromkeys(["compare", "plot"], "viz"),
     **dict.fromkeys(["ui", "report"], "ui"),
     "config": "config",
+    "merge": "merge",
 }
 
 

@@ -19,6 +19,7 @@ from vrl.cli._common import (
     short,
     table,
 )
+from vrl.cli.merge import merge_lines
 from vrl.cli.refs import warn_damaged_refs
 from vrl.errors import ObjectNotFoundError
 from vrl.refs import short_ref
@@ -272,6 +273,9 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
     click.echo(color(f"commit {oid}", "yellow"))
     if c.parents:
         click.echo(f"Parent: {c.parents[0]}")
+    merged = merge_lines(c)  # a merge commit: all its parents, its base and recipe
+    if merged:
+        click.echo("\n".join(merged))
     if fork:
         click.echo(fork_text(fork, "Forked"))
     click.echo(f"Author: {safe(c.author, True)}")
@@ -286,7 +290,9 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
         for entry in changes:
             click.echo(f"  {change_text(entry)}")
     for title, data in (("Hyperparameters", c.hparams), ("Metrics", c.metrics),
-                        ("Environment", c.env), ("Metadata", c.meta)):
+                        ("Environment", c.env),
+                        ("Metadata", {k: v for k, v in c.meta.items()
+                                      if not (merged and k == "merge")})):
         if data:
             click.echo(f"\n{title}:")
             for key, value in _flat(data):

@@ -351,6 +351,7 @@ class Job:
     started: float = 0.0
     ended: float = 0.0
     rc: int | None = None
+    stopped: bool = False  # the sweep was stopped (Ctrl-C, SIGTERM) while this one ran
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -373,9 +374,11 @@ def _summary(path: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def forwarded_signals(jobs: list[Job], stopping: list[int]) -> Iterator[None]:
-    """SIGINT and SIGTERM go to every running trial (each saves a snapshot and exits) and
-    stop the sweep from starting more. Trials run in their own sessions, so a Ctrl-C at
-    the terminal reaches them once, through here, not twice."""
+    """SIGINT and SIGTERM stop the sweep from starting more and reach every running trial
+    as SIGTERM (each commits its last snapshot and exits). Trials run in their own
+    sessions, so a Ctrl-C at the terminal reaches them once, through here; as SIGTERM
+    because a sweep started in the background of a script ignores SIGINT, and so would
+    its trials (they inherit that)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -386,8 +389,9 @@ def forwarded_signals(jobs: list[Job], stopping: list[int]) -> Iterator[None]:
         stopping.append(signum)
         for job in jobs:
             if job.process is not None and job.rc is None:
+                job.stopped = True
                 with contextlib.suppress(OSError):
-                    job.process.send_signal(signum)
+                    job.process.send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -406,7 +410,7 @@ def run_jobs(jobs: list[Job], workers: int, total: int,
     stopping: list[int] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with forwarded_signals(jobs, stopping):
-        while pending or running:
+        while running or pending and not stopping:
             while pending and len(running) < workers and not stopping:
                 job = pending.pop(0)
                 job.log.parent.mkdir(parents=True, exist_ok=True)
@@ -444,7 +448,7 @@ def _report(job: Job, total: int) -> None:
         shown = f"  return {ret:.4g}" if isinstance(ret, (int, float)) else ""
         click.echo(f"{head}{'done':<7}{job.trial.branch}  {took}{shown}")
         return
-    what = "stopped" if job.rc in (130, 128 + signal.SIGTERM, -2, -15) else "FAILED"
+    what = "stopped" if job.stopped else "FAILED"
     click.echo(f"{head}{what:<7}{job.trial.branch}  rc {job.rc}, {took}; log: {job.log}")
     if what == "FAILED":
         for line in _tail(job.log, LOG_TAIL):
@@ -543,7 +547,9 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
     click.echo(f"sweep {name}: {len(todo)} trials ({configs} configurations x {len(seeds)} "
                f"seeds), {workers} at a time; logs in {store.dir}")
     state = {"name": name, "definition": definition, "steps": steps,
-             "trials": {t.name: {"branch": t.branch, "seed": t.seed, "values": t.values}
+             # a trial not run this time keeps what an earlier run recorded of it
+             "trials": {t.name: {**((stored or {}).get("trials") or {}).get(t.name, {}),
+                                 "branch": t.branch, "seed": t.seed, "values": t.values}
                         for t in todo},
              **{k: stored[k] for k in ("created",) if stored}}
     state.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -562,14 +568,14 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
         entry.update(rc=job.rc, log=job.log.name, seconds=round(job.ended - job.started, 3),
                      started=job.started, ended=job.ended,
                      status="finished" if job.rc == 0 else
-                     "interrupted" if stopping_signals(job) else "failed")
+                     "interrupted" if job.stopped else "failed")
         store.save(state)
 
     try:
         stopped = run_jobs(jobs, workers, len(todo), on_end=record)
     finally:
         _restore_head(repo, head_before, {t.branch for t in todo})
-    failed = [j for j in jobs if j.rc not in (0, None) and not stopping_signals(j)]
+    failed = [j for j in jobs if j.rc not in (0, None) and not j.stopped]
     done = [j for j in jobs if j.rc == 0]
     click.echo(f"sweep {name}: {len(done)} done, {len(skipped)} skipped (finished), "
                f"{len(failed) + len(foreign)} failed"
@@ -590,11 +596,6 @@ def check_ref_name_of(name: str) -> None:
     check_ref_name(f"sweep/{name}/x", "branch")
     if "/" in name or name.startswith("."):
         raise SweepError(f"sweep name {name!r}: one word, no '/'")
-
-
-def stopping_signals(job: Job) -> bool:
-    """Whether the trial ended because the sweep was stopped (Ctrl-C / SIGTERM)."""
-    return job.rc in (130, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)
 
 
 def _defining(definition: dict[str, Any]) -> dict[str, Any]:

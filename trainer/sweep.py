@@ -544,8 +544,10 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
             click.echo(f"{trial.branch}: finished ({why})")
         return
     configs = len(todo) // len(seeds)
+    logs = os.path.relpath(store.dir)
     click.echo(f"sweep {name}: {len(todo)} trials ({configs} configurations x {len(seeds)} "
-               f"seeds), {workers} at a time; logs in {store.dir}")
+               f"seeds), {workers} at a time; logs in "
+               f"{store.dir if logs.startswith('..') else logs}")
     state = {"name": name, "definition": definition, "steps": steps,
              # a trial not run this time keeps what an earlier run recorded of it
              "trials": {t.name: {**((stored or {}).get("trials") or {}).get(t.name, {}),

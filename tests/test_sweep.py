@@ -39,7 +39,17 @@ SCRIPT = ("import sys; from vrl.cli import cli, main; from trainer.sweep import 
 
 @pytest.fixture(autouse=True, scope="module")
 def registered():
+    added = "sweep" not in cli.commands
     cli.add_command(sweep_command)
+    yield
+    if added:
+        cli.commands.pop("sweep", None)
+
+
+def test_sweep_is_registered_as_a_vrl_command():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["entry-points"]["vrl.commands"]["sweep"] == "trainer.sweep:sweep"
 
 
 def run(*args):
@@ -160,6 +170,21 @@ def test_a_failing_trial_is_reported_and_the_others_finish(ws):
     assert "sweep/mb/num_minibatches=3-s1" not in Repo(ws).branches()
     state = json.loads((ws / ".vrl/sweeps/mb/sweep.json").read_text())
     assert state["trials"]["num_minibatches=3-s1"]["status"] == "failed"
+
+
+def test_one_sweep_name_runs_in_one_process_at_a_time(ws):
+    import fcntl
+
+    Repo.init(ws)
+    where = ws / ".vrl/sweeps/busy"
+    where.mkdir(parents=True)
+    with open(where / "lock", "w") as held:
+        held.write("4242\n")
+        held.flush()
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        code, out, err = run("sweep", "busy", "--grid", "learning_rate=1e-4", *SMALL)
+    assert code == 1 and "is running in another process (pid 4242)" in err
+    assert not Repo(ws).branches()
 
 
 def plan(*args):

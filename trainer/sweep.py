@@ -283,6 +283,7 @@ def check_trials(ctx: click.Context, trials: list[Trial], steps: int | None) -> 
         algo = (p["algo"] or _from_yaml(p["config_path"], "algo")
                 or preset_algo(p["preset"]) or "ppo")
         base = tuple(p["overrides"]) + dirty_overrides(p)
+        load_config(algo, p["config_path"], base, preset=p["preset"])  # errors of no trial
         for trial in trials:
             extra = (f"seed={trial.seed}",) + ((f"total_steps={steps}",) if steps else ())
             try:
@@ -319,6 +320,28 @@ class SweepStore:
 
     def log(self, trial: Trial) -> Path:
         return self.dir / f"{trial.name}.log"
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Held while the sweep runs: a second `vrl sweep NAME` would start the same trials
+        on the same branches. (An advisory lock, released with the process however it
+        ends.)"""
+        import fcntl
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "lock", "a+") as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                pid = lock.read().strip() or "?"
+                raise SweepError(f"sweep {self.dir.name!r} is running in another process "
+                                 f"(pid {pid})") from None
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"{os.getpid()}\n")
+            lock.flush()
+            yield
 
 
 def trial_status(repo: Any, trial: Trial, steps: int | None) -> tuple[str, str]:
@@ -409,7 +432,7 @@ def run_jobs(jobs: list[Job], workers: int, total: int,
     running: list[Job] = []
     stopping: list[int] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with forwarded_signals(jobs, stopping):
+    with forwarded_signals(jobs, stopping), _no_orphans(running):
         while running or pending and not stopping:
             while pending and len(running) < workers and not stopping:
                 job = pending.pop(0)
@@ -437,6 +460,26 @@ def run_jobs(jobs: list[Job], workers: int, total: int,
                 if on_end is not None:
                     on_end(job)
     return stopping
+
+
+@contextlib.contextmanager
+def _no_orphans(running: list[Job]) -> Iterator[None]:
+    """If the sweep itself fails (or a signal slips past forwarded_signals), its trials,
+    which run in sessions of their own, are stopped too: SIGTERM (they commit their last
+    snapshot), then waited for."""
+    try:
+        yield
+    except BaseException:
+        for job in running:
+            if job.process is not None and job.process.poll() is None:
+                job.stopped = True
+                with contextlib.suppress(OSError):
+                    job.process.send_signal(signal.SIGTERM)
+        for job in running:
+            if job.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    job.process.wait(timeout=60)
+        raise
 
 
 def _report(job: Job, total: int) -> None:
@@ -536,13 +579,25 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
                          f"{store.path}); continue it with `vrl sweep {name} --resume`, or "
                          "pick another NAME")
     run_args = given(ctx, names=RUN_OPTIONS)
-    jobs, skipped, foreign = _jobs(repo, store, todo, ctx, run_args, steps)
     if dry_run:
+        jobs, skipped, _ = _jobs(repo, store, todo, ctx, run_args, steps)
         for job in jobs:
             click.echo(f"{job.trial.branch}: {shlex.join(['vrl', *job.args[3:]])}")
         for trial, why in skipped:
             click.echo(f"{trial.branch}: finished ({why})")
         return
+    with store.running():  # from here on, this process is the only one running NAME
+        _execute(repo, store, stored, todo, ctx, run_args, steps, workers, definition)
+
+
+def _execute(repo: Any, store: SweepStore, stored: dict[str, Any] | None, todo: list[Trial],
+             ctx: click.Context, run_args: list[str], steps: int | None, workers: int,
+             definition: dict[str, Any]) -> None:
+    """Skip the finished trials, run the others, report, and exit non-zero if any failed
+    (1) or the sweep was stopped (130 / 143)."""
+    name = store.dir.name
+    jobs, skipped, foreign = _jobs(repo, store, todo, ctx, run_args, steps)
+    seeds = sorted({t.seed for t in todo})
     configs = len(todo) // len(seeds)
     logs = os.path.relpath(store.dir)
     click.echo(f"sweep {name}: {len(todo)} trials ({configs} configurations x {len(seeds)} "

@@ -146,7 +146,7 @@ def test_resume_continues_an_unfinished_trial_exactly(copy):
     cut = repo.resolve(branch)
     code, out, err = run("sweep", "lr", "--resume")
     assert code == 0, out + err
-    assert f"resume {branch}" in out and "1 done, 3 skipped" in out
+    assert f"resume  {branch}" in out and "1 done, 3 skipped" in out
     assert iterations(repo, branch) == [3, 2, 1] and repo.resolve(f"{branch}~1") == cut
     assert_same(repo.load(branch)["model"], finished["model"])  # bit for bit
     assert_same(repo.load(branch)["algo"], finished["algo"])
@@ -164,9 +164,9 @@ def test_a_failing_trial_is_reported_and_the_others_finish(ws):
     code, out, err = run("sweep", "mb", "--grid", "num_minibatches=3,2", "--steps",
                          str(PER_ITERATION), *SMALL[:6], *SMALL[8:])
     assert code == 1, out + err
-    assert "FAILED sweep/mb/num_minibatches=3-s1  rc 1" in out
+    assert "FAILED  sweep/mb/num_minibatches=3-s1  rc 1" in out
     assert "num_minibatches 3 does not divide the rollout" in out
-    assert "done   sweep/mb/num_minibatches=2-s1" in out and "1 done, 0 skipped" in out
+    assert "done    sweep/mb/num_minibatches=2-s1" in out and "1 done, 0 skipped" in out
     assert "sweep/mb/num_minibatches=3-s1" not in Repo(ws).branches()
     state = json.loads((ws / ".vrl/sweeps/mb/sweep.json").read_text())
     assert state["trials"]["num_minibatches=3-s1"]["status"] == "failed"
@@ -232,11 +232,9 @@ def test_bad_input_is_one_line_and_starts_nothing(ws, args, message):
     assert not (ws / ".vrl/sweeps").exists() and not Repo(ws).branches()
 
 
-def test_interrupted_sweep_resumes(ws):
-    """SIGINT stops the running trial (which commits its last snapshot) and starts no
-    other; --resume continues it from its branch and runs the rest."""
-    Repo.init(ws)
-    steps = 40 * PER_ITERATION
+def interrupt_sweep(ws, steps):
+    """Start a 2-trial sweep in a process of its own and send it SIGINT once the first
+    trial has committed a snapshot: (exit code, stdout, stderr)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), "VRL_AUTHOR": "tester"}
     args = [sys.executable, "-c", SCRIPT, "sweep", "int", "--grid",
@@ -244,21 +242,45 @@ def test_interrupted_sweep_resumes(ws):
     proc = subprocess.Popen(args, cwd=ws, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     repo = Repo(ws)
-    first = "sweep/int/learning_rate=1e-4-s1"
     deadline = time.monotonic() + 60
-    while first not in repo.branches() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while "sweep/int/learning_rate=1e-4-s1" not in repo.branches() and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out + err
-    assert "stopped" in out and "vrl sweep int --resume" in err
-    assert "sweep/int/learning_rate=3e-4-s1" not in repo.branches()  # never started
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_stops_the_running_trial_with_a_snapshot_and_starts_no_other(ws):
+    Repo.init(ws)
+    steps = 100 * PER_ITERATION  # ~3 s of training: time to stop it half-way
+    code, out, err = interrupt_sweep(ws, steps)
+    first, second = (f"sweep/int/learning_rate={lr}-s1" for lr in ("1e-4", "3e-4"))
+    assert code == 130, out + err
+    assert f"stopped {first}" in out and "vrl sweep int --resume" in err
+    repo = Repo(ws)
+    assert second not in repo.branches()  # never started
     stopped_at = repo.read_commit(repo.resolve(first)).step
     assert stopped_at < steps
+    state = json.loads((ws / ".vrl/sweeps/int/sweep.json").read_text())
+    assert state["trials"]["learning_rate=1e-4-s1"]["status"] == "interrupted"
+    # what --resume will do: continue the first in place, start the second
+    code, out, _ = run("sweep", "int", "--resume", "--dry-run")
+    assert code == 0 and f"{first}: vrl train --no-progress --from {first} --steps" in out
+    assert f"--seed 1 --steps {steps} --device cpu --branch {second}" in out
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_to_the_end(ws):
+    Repo.init(ws)
+    steps = 100 * PER_ITERATION
+    assert interrupt_sweep(ws, steps)[0] == 130
     code, out, err = run("sweep", "int", "--resume")
     assert code == 0, out + err
-    assert f"resume {first}" in out and "start  sweep/int/learning_rate=3e-4-s1" in out
-    assert iterations(repo, first) == list(range(40, 0, -1))
+    assert "resume  sweep/int/learning_rate=1e-4-s1" in out and "2 done, 0 skipped" in out
+    repo = Repo(ws)
+    assert iterations(repo, "sweep/int/learning_rate=1e-4-s1") == list(range(100, 0, -1))
+    assert iterations(repo, "sweep/int/learning_rate=3e-4-s1") == list(range(100, 0, -1))
 
 
 # ---------------------------------------------------------------------------- compare

@@ -447,7 +447,7 @@ def run_jobs(jobs: list[Job], workers: int, total: int,
                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 running.append(job)
                 verb = "resume" if job.resume else "start"
-                click.echo(f"[{job.number}/{total}] {verb:<7}{job.trial.branch}")
+                click.echo(f"[{job.number}/{total}] {verb:<8}{job.trial.branch}")
             time.sleep(POLL_S)
             for job in list(running):
                 assert job.process is not None
@@ -489,10 +489,10 @@ def _report(job: Job, total: int) -> None:
         job.summary = _summary(job.log)
         ret = job.summary.get("charts/return")
         shown = f"  return {ret:.4g}" if isinstance(ret, (int, float)) else ""
-        click.echo(f"{head}{'done':<7}{job.trial.branch}  {took}{shown}")
+        click.echo(f"{head}{'done':<8}{job.trial.branch}  {took}{shown}")
         return
     what = "stopped" if job.stopped else "FAILED"
-    click.echo(f"{head}{what:<7}{job.trial.branch}  rc {job.rc}, {took}; log: {job.log}")
+    click.echo(f"{head}{what:<8}{job.trial.branch}  rc {job.rc}, {took}; log: {job.log}")
     if what == "FAILED":
         for line in _tail(job.log, LOG_TAIL):
             click.echo(f"    {line}")
@@ -612,11 +612,11 @@ def _execute(repo: Any, store: SweepStore, stored: dict[str, Any] | None, todo: 
     state.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     for trial, why in skipped:
         state["trials"][trial.name]["status"] = "finished"
-        click.echo(f"[{todo.index(trial) + 1}/{len(todo)}] {'skip':<7}{trial.branch}  "
+        click.echo(f"[{todo.index(trial) + 1}/{len(todo)}] {'skip':<8}{trial.branch}  "
                    f"(finished: {why})")
     for trial, why in foreign:
         state["trials"][trial.name]["status"] = "failed"
-        click.echo(f"[{todo.index(trial) + 1}/{len(todo)}] {'FAILED':<7}{trial.branch}: {why}")
+        click.echo(f"[{todo.index(trial) + 1}/{len(todo)}] {'FAILED':<8}{trial.branch}: {why}")
     store.save(state)
     head_before = repo.refs.read_raw("HEAD")
 

@@ -363,3 +363,29 @@ def test_group_by_mean_and_std_by_hand(ws, capsys):
             (["--group-by", "lr", "--sort", "nope"], "cannot sort groups by 'nope'")):
         code, out, err = vrl(capsys, "compare", *args)
         assert code == 1 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+def test_group_by_and_planning_a_sweep_never_import_torch(ws, tmp_path):
+    """`compare --group-by` is a history command and the sweep itself only starts `vrl
+    train` processes: neither imports torch (here it cannot)."""
+    import numpy as np
+
+    repo = Repo.init(ws)
+    for seed in (1, 2):
+        repo.commit({"w": np.full(2, seed, np.float32)}, env=False, step=100,
+                    hparams={"learning_rate": 0.1, "seed": seed, "total_steps": 100},
+                    metrics={"return": seed},
+                    ref=f"refs/heads/sweep/t/learning_rate=0.1-s{seed}")
+    poison = tmp_path / "poison"
+    (poison / "torch").mkdir(parents=True)
+    (poison / "torch" / "__init__.py").write_text("raise ImportError('torch is poisoned')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(poison), str(ROOT)]),
+           "VRL_AUTHOR": "tester"}
+    for args in (["compare", "sweep/t/*", "--group-by", "sweep", "--json"],
+                 ["sweep", "t", "--grid", "learning_rate=0.1,0.2", "--seeds", "2",
+                  "--dry-run", *SMALL]):
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=ws, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    assert "learning_rate=0.1-s1: finished (" in proc.stdout
+    assert "--branch sweep/t/learning_rate=0.2-s2" in proc.stdout

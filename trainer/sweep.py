@@ -580,11 +580,13 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
                          "pick another NAME")
     run_args = given(ctx, names=RUN_OPTIONS)
     if dry_run:
-        jobs, skipped, _ = _jobs(repo, store, todo, ctx, run_args, steps)
+        jobs, skipped, foreign = _jobs(repo, store, todo, ctx, run_args, steps)
         for job in jobs:
             click.echo(f"{job.trial.branch}: {shlex.join(['vrl', *job.args[3:]])}")
         for trial, why in skipped:
             click.echo(f"{trial.branch}: finished ({why})")
+        for _, why in foreign:
+            click.echo(f"error: {why}")
         return
     with store.running():  # from here on, this process is the only one running NAME
         _execute(repo, store, stored, todo, ctx, run_args, steps, workers, definition)

@@ -61,6 +61,36 @@ def test_metrics_sort_and_missing_values(hist, capsys):
     assert [r[0] for r in lines(out)[1:]] == ["main", "exp"]
 
 
+def test_one_run_lists_its_hyperparameters_one_per_line(hist, capsys):
+    _, ids = hist
+    code, out, err = vrl(capsys, "compare", "main")
+    assert code == 0, err
+    assert out.splitlines() == [
+        "run   commit    step  snapshots  branched from  return  return:best",
+        f"main  {ids['main'][-1][:8]}  40    5          -              4       4",
+        "", "hyperparameters:", "  lr         0.1", "  net.depth  2", "  net.width  64",
+        "  seed       1"]
+
+
+def test_default_metrics_are_the_return_and_its_smoothed_form(ws, capsys):
+    repo = Repo.init(ws)
+    old = {"charts/return": 1.0, "charts/episodic_return": 1.5, "losses/kl": 0.1}
+    repo.commit({"w": [1.0]}, metrics=old, message="an old trainer's", env=False)
+    repo.commit({"w": [2.0]}, metrics={"charts/episodic_return": 2.0, "charts/episodes": 8.0,
+                                       "charts/return_last100": 1.75, "losses/kl": 0.2},
+                message="a new one's", env=False)
+    code, out, _ = vrl(capsys, "compare")
+    assert lines(out)[0][6:] == ["charts/episodic_return", "charts/episodic_return:best",
+                                 "charts/return_last100", "charts/return_last100:best"]
+    # commits of old runs only: their return by its old name
+    repo2 = Repo.init(ws / "old")
+    repo2.commit({"w": [1.0]}, metrics={"charts/return": 1.0, "losses/kl": 0.1},
+                 message="old", env=False)
+    os.chdir(ws / "old")
+    code, out, _ = vrl(capsys, "compare")
+    assert lines(out)[0][6:] == ["charts/return", "charts/return:best"]
+
+
 def test_json_and_csv(hist, capsys):
     _, ids = hist
     code, out, _ = vrl(capsys, "compare", "--json", "--all-tags")

@@ -612,7 +612,7 @@ def test_prune_cli(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["prune", "--keep-last", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-1] == "2 snapshot(s) would be pruned; run `vrl gc` to free " \
+    assert out.splitlines()[-1] == "2 snapshots would be pruned; run `vrl gc` to free " \
                                    "their space"
     assert repo.pruned() == set()
     assert main(["prune", "--keep-last", "2"]) == 0

@@ -47,7 +47,7 @@ def leftovers(folder) -> list[str]:
 def test_curves_png_and_svg(hist, capsys, ws):
     code, out, err = vrl(capsys, "plot", "return", "-o", "c.png", "--size", "8x5")
     assert code == 0, err
-    assert out == "wrote c.png (PNG): return of 3 run(s), 17 points\n"
+    assert out == "wrote c.png (PNG): return of 3 runs, 17 points\n"
     assert png_size(ws / "c.png") == (800, 500)
     code, out, err = vrl(capsys, "plot", "return", "main", "exp", "--smooth", "0.9", "--svg")
     assert code == 0, err
@@ -114,11 +114,36 @@ def test_bad_input_is_one_line_and_writes_nothing(hist, capsys, ws, args, messag
 
 
 def test_usage_errors(hist, capsys):
-    for args in (["plot"], ["plot", "return", "--layers", "main"], ["plot", "return",
+    for args in (["plot", "return", "--layers", "main"], ["plot", "return",
                                                                     "--limit", "3"],
                  ["plot", "return", "--size", "big"]):
         code, _, err = vrl(capsys, *args)
         assert code == 2, (args, err)
+
+
+def test_without_a_metric_it_plots_the_return(hist, capsys, ws):
+    code, out, err = vrl(capsys, "plot")
+    assert code == 0 and out == "wrote curves.png (PNG): return of 3 runs, 17 points\n", err
+
+
+def test_without_a_metric_or_a_return_it_asks_for_one(ws, capsys):
+    Repo.init(ws)
+    code, _, err = vrl(capsys, "plot")
+    assert code == 2 and "give a METRIC" in err
+
+
+def test_images_get_the_mode_the_umask_gives(hist, capsys, ws):
+    old = os.umask(0o022)
+    try:
+        assert vrl(capsys, "plot", "return", "-o", "c.png")[0] == 0
+        assert vrl(capsys, "plot", "--layers", "main", "-o", "h.svg")[0] == 0
+        assert (ws / "c.png").stat().st_mode & 0o777 == 0o644
+        assert (ws / "h.svg").stat().st_mode & 0o777 == 0o644
+        os.umask(0o077)
+        assert vrl(capsys, "plot", "return", "-o", "private.png")[0] == 0
+        assert (ws / "private.png").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
 
 
 def _cli(cwd, poison, *args):

@@ -17,7 +17,7 @@ STEPS_PER_ITERATION = 2 * 16 * 4
 
 
 def train(capsys, *args):
-    code = main(["train", *SMALL, *args])
+    code = main(["train", *SMALL, "--json", *args])
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads(out.strip().splitlines()[-1]), err
@@ -199,25 +199,67 @@ def test_from_a_commit_that_is_not_a_training_snapshot(ws, capsys):
     assert "is not a training snapshot" in err and "\n" not in err
 
 
-def test_one_return_metric_in_console_commit_message_and_best_tag(ws, capsys):
+def test_one_return_metric_in_console_commit_message_log_and_best_tag(ws, capsys):
     main(["init"])
-    code = main(["train", *SMALL, "--steps", str(4 * STEPS_PER_ITERATION), "--branch", "m",
-                 "--log-every", "1"])
+    capsys.readouterr()
+    # episodes of 24 steps, iterations of 16: none ends in iterations 1 and 4
+    code = main(["train", *SMALL, "--set", "env.max_steps=24", "--steps",
+                 str(4 * STEPS_PER_ITERATION), "--branch", "m", "--log-every", "1"])
     out, err = capsys.readouterr()
-    assert code == 0
+    assert code == 0, err
     repo = Repo(ws)
     log = repo.log("m")[::-1]
-    shown = [float(line.split("return ")[1].split()[0]) for line in err.splitlines()
-             if line.startswith("iter ")]
-    stored = [e.commit.metrics.get("charts/return") for e in log]
-    assert len(shown) == len(stored) == 4 and None not in stored
-    for console, value, entry in zip(shown, stored, log, strict=True):
-        assert console == pytest.approx(value, rel=1e-3)
-        assert entry.commit.message == f"iter {entry.commit.meta['iteration']}: " \
-                                       f"return {value:.4g}"
-    best = max(log, key=lambda e: e.commit.metrics["charts/return"])
+    lines = [line for line in err.splitlines() if line.startswith("iter ")]
+    stored = [e.commit.metrics.get("charts/episodic_return") for e in log]
+    assert [e.commit.metrics["charts/episodes"] for e in log] == [0, 2, 2, 0]
+    assert stored[0] is None and stored[3] is None and None not in stored[1:3]
+    assert all("charts/return" not in e.commit.metrics for e in log)
+    assert len(lines) == 4
+    for line, value, entry in zip(lines, stored, log, strict=True):
+        iteration = entry.commit.meta["iteration"]
+        assert line.startswith(f"iter {iteration}/4  step {iteration * STEPS_PER_ITERATION}  ")
+        if value is None:
+            assert "  no episode ended  fps " in line
+            assert entry.commit.message == f"iter {iteration}: no episode ended"
+        else:
+            shown = float(line.split("  return ")[1].split()[0])
+            assert shown == pytest.approx(value, rel=1e-3)
+            assert "  deliveries " in line
+            assert entry.commit.message == f"iter {iteration}: return {value:.4g}"
+    best = max(log[1:3], key=lambda e: e.commit.metrics["charts/episodic_return"])
     assert repo.tags()["best/m"] == best.id
-    assert json.loads(out.strip().splitlines()[-1])["charts/return"] == stored[-1]
+    # the closing lines are sentences; the JSON summary only with --json
+    assert out.startswith("trained to iteration 4 (512 agent-steps); mean return of the 4 "
+                          "episodes so far ")
+    assert "4 snapshots on branch m" in out and "{" not in out
+    # log: `-` where no episode ended, and a footnote that says so
+    assert main(["log", "m", "--metrics", "charts/episodic_return,env/deliveries"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-1] == "-: no episode ended in that iteration"
+    assert rows[1].split()[2:4] == ["-", "-"] and rows[4].split()[2:4] == ["-", "-"]
+    assert rows[2].split()[2] != "-"
+
+
+def test_metric_lines_from_the_first_iteration_then_about_forty_a_run():
+    import io
+    from types import SimpleNamespace
+
+    from trainer.hooks import ProgressHook
+
+    stream = io.StringIO()
+    hook = ProgressHook(bar=False, stream=stream)
+    fake = SimpleNamespace(iteration=0, global_step=0, num_iterations=100)
+    hook.on_start(fake)
+    for i in range(1, 101):
+        fake.iteration, fake.global_step = i, i * 1000
+        hook.on_iteration_end(fake, i, {"charts/episodes": 1.0 * (i % 2),
+                                        "charts/episodic_return": float(i)})
+    hook.on_end(fake, {})
+    lines = stream.getvalue().splitlines()
+    assert 20 <= len(lines) <= 40
+    assert lines[0].startswith("iter 1/100  step 1,000  return 1  fps ")
+    assert lines[1].startswith("iter 4/100  step 4,000  return 3  fps ")  # 2-4: one ended
+    assert lines[-1].startswith("iter 100/100  step 100,000  ")
 
 
 # ------------------------------------------------------------------------ vrl eval
@@ -288,7 +330,9 @@ def test_eval_gif_of_a_gymnasium_env(ws, capsys, eval_plugin):
     result = json.loads(capsys.readouterr().out)
     assert result["env_spec"] == spec and result["baseline"] is None
     with Image.open(ws / "c.gif") as gif:
-        assert gif.format == "GIF" and gif.size == (32, 8) and gif.n_frames >= 1
+        # the 32x8 frames, centred under a title and a step counter as wide as they need
+        assert gif.format == "GIF" and gif.size[0] > 32 and gif.size[1] > 8 + 30 \
+            and gif.n_frames >= 1
 
 
 def test_eval_errors_are_one_line(ws, capsys, eval_plugin):
@@ -362,7 +406,7 @@ def test_steps_round_up_and_a_resumed_run_ends_where_a_straight_one_does(ws, cap
     assert note in err.splitlines() and summary["charts/global_step"] == 256
     train(capsys, "--steps", steps, "--iterations", "1", "--branch", "main")
     summary, err = train(capsys, "--from", "main")  # the stored total_steps, rounded alike
-    assert note.replace("--steps", "total_steps") == err.splitlines()[-1]
+    assert note.replace("--steps", "total_steps") in err.splitlines()
     assert summary["charts/global_step"] == 256
     repo = Repo(ws)
     assert iterations_of(repo, "main") == [2, 1]

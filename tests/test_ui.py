@@ -38,7 +38,7 @@ SMALL = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=
          "--set", "env.num_agents=4", "--set", "env.max_steps=8", "--no-progress",
          "--device", "cpu"]
 STEPS = 2 * 16 * 4  # per iteration
-METRIC = "charts/return_last100"
+METRIC = "charts/episodic_return"  # the default metric: the return
 
 
 def vrl_cli(cwd, *calls):

@@ -55,7 +55,20 @@ def test_summary_lists_runs_tags_and_metrics(hist):
     assert s["branches"]["main"] == hist.resolve("main")
     assert s["tags"] == {"best": hist.resolve("exp")}
     assert s["metrics"] == ["loss", "return"] and s["default_metric"] == "return"
+    assert s["return_metrics"] == ["return"]
     assert s["current_branch"] == "main" and s["repo"] == "r"
+
+
+def test_defaults_are_the_return_and_its_smoothed_form_as_in_the_cli():
+    from vrl.ui.api import default_metrics
+
+    names = ["charts/episodic_return", "charts/return", "charts/return_last100", "loss"]
+    assert default_metrics(names) == {
+        "default_metric": "charts/episodic_return",
+        "return_metrics": ["charts/episodic_return", "charts/return_last100"]}
+    assert default_metrics(["charts/return", "loss"])["default_metric"] == "charts/return"
+    assert default_metrics(["loss", "x"]) == {"default_metric": "loss", "return_metrics": []}
+    assert default_metrics([]) == {"default_metric": None, "return_metrics": []}
 
 
 def test_graph_has_every_commit_with_labels_and_lanes(hist):

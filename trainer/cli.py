@@ -24,12 +24,13 @@ import click
 import yaml
 
 from trainer.config import DirtyLayerConfig
+from vrl.returns import RETURN_METRIC
 
 HELP = {"help_option_names": ["-h", "--help"]}
 # options that a snapshot does not store, so a resume command must repeat them
 # (the --dirty-* aliases set config keys, which a snapshot stores)
 RUN_OPTIONS = ("device", "precision", "threads", "out", "snapshot_every", "keep_last",
-               "best_metric", "progress", "log_every")
+               "best_metric", "progress", "log_every", "as_json")
 # --dirty-* options: thin aliases of `--set dirty.KEY=VALUE` (trainer.config.DirtyLayerConfig
 # holds the defaults; an alias not given sets nothing)
 _DIRTY = DirtyLayerConfig()  # for the help texts only
@@ -93,7 +94,7 @@ def _from_yaml(path: str | None, key: str) -> str | None:
 
 def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[str, ...],
           steps: int | None, seed: int | None, device: str, precision: str,
-          out: str | None, progress: bool, log_every: int,
+          out: str | None, progress: bool, log_every: int | None,
           base: dict | None = None, threads: int | None = None, preset: str | None = None):
     """Create (trainer, dist context) exactly as the command would; used by tests too.
 
@@ -156,85 +157,100 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
 
 @click.command("train", context_settings=HELP)
 @click.option("--env", "env", default=None,
-              help="warehouse | gym:ID | gym:module:ID | pettingzoo:module:factory "
+              help="The env: warehouse, gym:ID, gym:MODULE:ID or pettingzoo:MODULE:FACTORY "
                    "[default: the --config file's env_spec, the snapshot's with --from, "
-                   "else warehouse]")
+                   "else warehouse].")
 @click.option("--algo", type=click.Choice(["ppo", "gspo"]), default=None,
-              help="algorithm (default: the config file's 'algo', the snapshot's with --from, "
-                   "else ppo)")
+              help="The algorithm [default: the --config file's algo, the snapshot's with "
+                   "--from, else ppo].")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-              help="YAML file of config fields")
+              help="A YAML file of config fields.")
 @click.option("--preset", default=None, metavar="NAME",
-              help="a shipped configuration (trainer/presets/NAME.yaml) that reproduces a "
-                   "published run, e.g. warehouse, gspo, cleanrl; --config and --set "
-                   "override it")
+              help="A shipped configuration (trainer/presets/NAME.yaml) that reproduces a "
+                   "published run, e.g. warehouse, gspo or cleanrl; --config and --set "
+                   "override it.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="override a config field, e.g. --set learning_rate=3e-4 "
-                   "--set env.num_agents=10 (repeatable)")
+              help="Override a config field, e.g. --set learning_rate=3e-4 "
+                   "--set env.num_agents=10 (repeatable).")
 @click.option("--steps", type=int, default=None,
-              help="total agent-steps of the run, rounded up to whole iterations (with "
-                   "--from: the total to reach, counting the steps already done)")
+              help="The run's total agent-steps, rounded up to whole iterations; with "
+                   "--from, the total to reach, counting the steps already done.")
 @click.option("--iterations", type=int, default=None,
-              help="stop after this many iterations (resume later with --from)")
-@click.option("--seed", type=int, default=None)
-@click.option("--device", default="auto", show_default=True, help="auto|cpu|cuda[:i]|npu[:i]")
+              help="Stop after this many iterations (resume later with --from).")
+@click.option("--seed", type=int, default=None,
+              help="Seed the network, the envs and the action sampling [default: the "
+                   "config's].")
+@click.option("--device", default="auto", show_default=True,
+              help="Where to train: auto, cpu, cuda[:i] or npu[:i].")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32",
-              show_default=True)
+              show_default=True, help="Train in full precision or with bf16 / fp16 autocast.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="directory for metrics.jsonl, config.yaml and TensorBoard logs")
+              help="A directory for metrics.jsonl, config.yaml and TensorBoard logs.")
 @click.option("--threads", type=int, default=None,
-              help="CPU threads for torch [default: 1 on CPU; wide models may gain from more]")
-@click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--log-every", type=int, default=10, show_default=True,
-              help="print a metric line every N iterations")
+              help="CPU threads for torch [default: 1 on CPU; wide models may gain from "
+                   "more].")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show a progress bar over the agent-steps.")
+@click.option("--log-every", type=int, default=None,
+              help="Print a metric line every N iterations (0: none) [default: about 20-40 "
+                   "lines a run, from the first iteration on].")
+@click.option("--json", "as_json", is_flag=True,
+              help="End with a JSON summary for scripts instead of sentences.")
 @click.option("--store/--no-store", default=None,
-              help="commit snapshots to the vrl repository around the current directory "
-                   "[default: when there is one]")
+              help="Commit snapshots to the vrl repository around the current directory "
+                   "[default: when there is one].")
 @click.option("--from", "from_rev", default=None, metavar="REV",
-              help="start from this snapshot with its env, algorithm and config (exact "
-                   "resume). A branch name continues that branch in place")
+              help="Start from this snapshot with its env, algorithm and config (exact "
+                   "resume); a branch name continues that branch in place.")
 @click.option("--branch", default=None,
-              help="branch to commit on [with --from BRANCH: that branch; else a new one "
-                   "per run: <algo>-<date>-<time>]; with --from REV: fork to this new branch")
+              help="The branch to commit on; with --from REV, the new branch to fork to "
+                   "[default: with --from BRANCH, that branch; else a new one per run, "
+                   "<algo>-<date>-<time>].")
 @click.option("--snapshot-every", type=int, default=1, show_default=True,
-              help="commit a snapshot every K iterations")
+              help="Commit a snapshot every K iterations.")
 @click.option("--keep-last", type=int, default=None,
-              help="retention: keep the tensors of the last N snapshots (and tagged ones)")
-@click.option("--best-metric", default="charts/return", show_default=True,
-              help="the snapshot best by this metric carries tag best/<branch>")
+              help="Retention: keep the tensors of the last N snapshots (and of tagged "
+                   "ones).")
+@click.option("--best-metric", default=RETURN_METRIC, show_default=True,
+              help="The snapshot best by this metric carries tag best/<branch>.")
 @click.option("--dirty-layers/--no-dirty-layers", default=None,
-              help="freeze layers whose change over recent snapshots is not material "
+              help="Freeze layers whose change over recent snapshots is not material "
                    "(= --set dirty.enabled=true|false; the other dirty.* keys: "
-                   f"trainer.config.DirtyLayerConfig) [default: {_onoff(_DIRTY.enabled)}]")
+                   f"trainer.config.DirtyLayerConfig) [default: {_onoff(_DIRTY.enabled)}].")
 @click.option("--dirty-threshold", type=float, default=None,
-              help=f"= --set dirty.threshold=X [default: {_DIRTY.threshold}]")
+              help="Threshold criterion: a layer trains while its relative change over "
+                   f"the window is above X (= --set dirty.threshold=X) "
+                   f"[default: {_DIRTY.threshold}].")
 @click.option("--dirty-window", type=int, default=None,
-              help=f"= --set dirty.window=N [default: {_DIRTY.window}]")
+              help="The snapshots (or a layer's recent iterations) the criteria look at "
+                   f"(= --set dirty.window=N) [default: {_DIRTY.window}].")
 @click.option("--dirty-refresh", type=int, default=None,
-              help=f"= --set dirty.refresh=N [default: {_DIRTY.refresh}]")
+              help="Every N iterations all layers train, so frozen ones can come back "
+                   f"(= --set dirty.refresh=N) [default: {_DIRTY.refresh}].")
 @click.option("--dirty-criterion", type=click.Choice(["threshold", "plasticity", "drift"]),
               default=None,
-              help=f"= --set dirty.criterion=NAME [default: {_DIRTY.criterion}]. threshold: "
-              "one global relative change; plasticity: a layer's recent movement over its "
-              "own earlier movement; drift: net change over path length in the window (still "
-              "travelling or only jittering); all from commit statistics")
+              help="How to decide, from commit statistics: threshold (one global relative "
+              "change), plasticity (a layer's recent movement over its own earlier "
+              "movement) or drift (net change over path length in the window: still "
+              f"travelling or only jittering) (= --set dirty.criterion=NAME) "
+              f"[default: {_DIRTY.criterion}].")
 @click.option("--dirty-drift", type=float, default=None,
-              help="= --set dirty.drift=X: drift criterion: freeze a layer whose drift is "
-                   f"below this [default: {_DIRTY.drift}]")
+              help="Drift criterion: freeze a layer whose drift is below X "
+                   f"(= --set dirty.drift=X) [default: {_DIRTY.drift}].")
 @click.option("--dirty-warmup", type=int, default=None,
-              help="= --set dirty.warmup=N: iterations of this run (or fork) before any "
-                   f"layer is frozen [default: {_DIRTY.warmup}]")
+              help="Iterations of this run (or fork) before any layer is frozen "
+                   f"(= --set dirty.warmup=N) [default: {_DIRTY.warmup}].")
 @click.option("--dirty-prefix-only/--no-dirty-prefix-only", default=None,
-              help="= --set dirty.prefix_only=true|false: freeze only input-side layers "
-                   "(the backward pass stops before them) "
-                   f"[default: {_onoff(_DIRTY.prefix_only)}]")
+              help="Freeze only input-side layers, so the backward pass stops before them "
+                   "(= --set dirty.prefix_only=true|false) "
+                   f"[default: {_onoff(_DIRTY.prefix_only)}].")
 @click.option("--dirty-max-depth", type=int, default=None,
-              help="= --set dirty.max_depth=N: with --dirty-prefix-only, freeze at most N "
-                   "layers of each network [default: no limit]")
+              help="With --dirty-prefix-only, freeze at most N layers of each network "
+                   "(= --set dirty.max_depth=N) [default: no limit].")
 @click.option("--dirty-networks", default=None, metavar="NAMES",
-              help="= --set dirty.networks=NAMES: freeze only layers of these networks, "
-              "comma-separated (e.g. critic: the policy keeps all its plasticity) "
-              "[default: any network]")
+              help="Freeze only layers of these networks, comma-separated (e.g. critic: "
+              "the policy keeps all its plasticity) (= --set dirty.networks=NAMES) "
+              "[default: any network].")
 @click.pass_context
 def train(ctx: click.Context, **options: Any) -> None:
     """Train a shared policy with PPO or GSPO, committing snapshots as it trains.
@@ -386,13 +402,39 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
         raise click.exceptions.Exit(130 if isinstance(interrupted, KeyboardInterrupt)
                                     else 128 + signal.SIGTERM)
     if dist.is_main:
-        summary = {k: metrics[k] for k in ("charts/global_step", "charts/return",
-                                           "charts/SPS") if k in metrics}
+        _print_summary(trainer, metrics, hook, branch, o["as_json"])
+
+
+def _print_summary(trainer: Any, metrics: dict[str, float], hook: Any, branch: str | None,
+                   as_json: bool) -> None:
+    """The run's result on stdout: a sentence, or with --json an object for scripts."""
+    from vrl.returns import RETURN_METRIC, SMOOTHED_EPISODES, SMOOTHED_RETURN_METRIC
+
+    smoothed = metrics.get(SMOOTHED_RETURN_METRIC)
+    if as_json:
+        summary = {k: metrics[k] for k in ("charts/global_step", RETURN_METRIC,
+                                           SMOOTHED_RETURN_METRIC, "charts/SPS")
+                   if k in metrics}
         if hook is not None:
             summary["vrl/branch"] = branch
             summary["vrl/snapshots"] = len(hook.commits)
             summary["vrl/head"] = hook.commits[-1][:12] if hook.commits else None
         click.echo(json.dumps(summary, sort_keys=True))
+        return
+    n = len(trainer.episode_returns)
+    text = f"trained to iteration {trainer.iteration} ({trainer.global_step:,} agent-steps)"
+    text += (f"; mean return of the last {n} episodes {smoothed:.4g}" if smoothed is not None
+             and n >= SMOOTHED_EPISODES else
+             f"; mean return of the {n} episodes so far {smoothed:.4g}" if smoothed is not None
+             else "; no episode has ended yet")
+    click.echo(text)
+    if hook is not None and hook.commits:
+        click.echo(f"{_plural(len(hook.commits), 'snapshot')} on branch {branch}, head "
+                   f"{hook.commits[-1][:12]}; `vrl log --metrics {RETURN_METRIC}` lists them")
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def rounding_note(trainer: Any, label: str = "--steps") -> str | None:
@@ -548,20 +590,21 @@ def _store_hooks(trainer, repo, run, o):
 @click.command("eval", context_settings=HELP)
 @click.argument("rev", default="HEAD")
 @click.option("--episodes", type=int, default=10, show_default=True,
-              help="episodes to run (warehouse: one world each, in one batch)")
+              help="Episodes to run (warehouse: one world each, in one batch).")
 @click.option("--greedy/--sample", default=False, show_default=True,
-              help="take the most likely action (continuous: the mean), or sample from "
-                   "the policy")
+              help="Take the most likely action (continuous: the mean), or sample from "
+                   "the policy.")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="seeds the envs and the action sampling")
+              help="Seed the envs and the action sampling.")
 @click.option("--env", "env_spec", default=None,
-              help="override the env spec stored with the snapshot")
-@click.option("--device", default="cpu", show_default=True, help="cpu|cuda[:i]|npu[:i]")
+              help="Run on this env instead of the one stored with the snapshot.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Where to run: cpu, cuda[:i] or npu[:i].")
 @click.option("--gif", type=click.Path(dir_okay=False), default=None,
-              help="write one episode as an animated GIF (warehouse; Gymnasium envs with "
-                   "an rgb_array renderer; needs pillow)")
+              help="Write one episode as an animated GIF (the warehouse, or a Gymnasium "
+                   "env with an rgb_array renderer; needs pillow).")
 @click.option("--baseline/--no-baseline", default=True, show_default=True,
-              help="warehouse: also run the shortest-path controller on the same worlds")
+              help="Warehouse: also run the shortest-path controller on the same worlds.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def eval_command(rev: str, episodes: int, greedy: bool, seed: int, env_spec: str | None,
                  device: str, gif: str | None, baseline: bool, as_json: bool) -> None:

@@ -174,7 +174,9 @@ def evaluate(repo: Repo, rev: str, *, episodes: int = 10, greedy: bool = False,
         worlds = _make(make_env, spec, episodes, dev, seed, kwargs)
         result.baseline = _summary(run_baseline(worlds, seed=seed, episodes=1)[:episodes])
     if gif is not None:
-        _write_gif(make_env, spec, kwargs, agent, greedy, seed, dev, gif, obs_fn)
+        title = (f"{rev} ({run.commit[:12]}): {spec}, {run.algo}, "
+                 f"{'greedy' if greedy else 'sampled'}")
+        _write_gif(make_env, spec, kwargs, agent, greedy, seed, dev, gif, obs_fn, title)
         result.gif = gif
     return result
 
@@ -192,16 +194,16 @@ def _make(make_env: Any, spec: str, n: int, dev: torch.device, seed: int,
 
 def _write_gif(make_env: Any, spec: str, kwargs: dict[str, Any], agent: torch.nn.Module,
                greedy: bool, seed: int, dev: torch.device, path: str,
-               obs_fn: ObsFn | None = None) -> None:
-    """One episode as an animated GIF: the warehouse's renderer, or Gymnasium's
-    ``rgb_array`` render mode."""
-    from trainer.envs.warehouse import record_episode, save_gif
+               obs_fn: ObsFn | None = None, title: str | None = None) -> None:
+    """One episode as an animated GIF: the warehouse's renderer (with its legend), or
+    Gymnasium's ``rgb_array`` render mode; each frame headed by ``title`` and the step."""
+    from trainer.envs.warehouse import annotate, record_episode, save_gif
 
     act = _actor(agent, greedy, seed, dev, obs_fn)
     if spec == "warehouse":
         env = _make(make_env, spec, 1, dev, seed, kwargs)
         env.reset(seed=seed)
-        record_episode(env, act, gif_path=path)
+        record_episode(env, act, gif_path=path, title=title)
         return
     if not spec.startswith("gym:"):
         raise EvalError(f"--gif renders the warehouse and Gymnasium envs, not {spec!r}")
@@ -227,5 +229,8 @@ def _write_gif(make_env: Any, spec: str, kwargs: dict[str, Any], agent: torch.nn
         if info.get("episodes"):
             break  # the env has already reset itself: the next frame is a new episode
         frames.append(frame())
+    if title is not None:  # the step counter needs the episode's length: known only now
+        frames = [annotate(f, title, f"step {t}/{len(frames) - 1}")
+                  for t, f in enumerate(frames)]
     save_gif(frames, path, fps=30)
     env.close()

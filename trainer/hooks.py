@@ -7,7 +7,7 @@ The trainer calls, in order::
     on_evaluation(trainer, iteration, metrics)         # after each evaluation
     on_end(trainer, metrics)                           # once, with the last metrics
 
-``metrics`` maps stable keys (``losses/approx_kl``, ``charts/return``...) to
+``metrics`` maps stable keys (``losses/approx_kl``, ``charts/episodic_return``...) to
 floats. A hook may call ``trainer.request_stop()``. Hooks are the trainer's only link
 to storage: a store hook snapshots ``trainer.state_dict()`` in ``on_iteration_end``.
 """
@@ -99,56 +99,110 @@ class TensorBoardLogger(Hook):
 
 
 class ProgressHook(Hook):
-    """A tqdm bar over agent-steps plus a metric line every ``every`` iterations."""
+    """A tqdm bar over agent-steps plus a metric line for people: at the first iteration,
+    then every ``every`` iterations (None: about LINES a run, 20-40), and at the last,
+    e.g. ``iter 4/40  step 81,920  return 1.23  deliveries 4.5  fps 52,000``.
 
-    KEYS = ("charts/return", "losses/approx_kl", "losses/clipfrac",
-            "losses/value_loss", "charts/SPS")
+    A line's return (and deliveries, where the env counts them) is the mean over the
+    episodes that finished since the previous line; its fps is the agent-steps over the
+    wall time since then (snapshots and evaluations included). A line with no finished
+    episode says so: episodes often span iterations."""
 
-    def __init__(self, every: int = 10, stream: IO[str] | None = None,
+    LINES = 25  # 40 iterations (README's run): every 2nd, when the warehouse's episodes end
+
+    def __init__(self, every: int | None = None, stream: IO[str] | None = None,
                  bar: bool = True) -> None:
         self.every = every
         self.stream = stream or sys.stderr
         self.bar_enabled = bar
         self._bar = None
-        self._t0 = 0.0
+        self._interval = 1
+        self._first = 0  # the iteration the run started at
+        self._printed_at = 0  # the iteration of the last line
+        self._reset(0, 0.0)
+
+    def _reset(self, step: int, now: float) -> None:
+        self._since_step, self._since_time = step, now
+        self._episodes = 0.0
+        self._sums: dict[str, float] = {}  # metric -> sum of (iteration mean x episodes)
 
     def on_start(self, trainer):
-        self._t0 = time.perf_counter()
+        self._first = self._printed_at = trainer.iteration
+        remaining = max(1, trainer.num_iterations - trainer.iteration)
+        self._interval = self.every if self.every is not None else \
+            max(1, round(remaining / self.LINES))
+        self._reset(trainer.global_step, time.perf_counter())
         if self.bar_enabled:
             from tqdm import tqdm
 
             self._bar = tqdm(total=trainer.total_steps, initial=trainer.global_step,
                              unit="step", unit_scale=True, file=self.stream, leave=False)
 
-    def line(self, iteration: int, metrics: dict[str, float]) -> str:
-        parts = [f"iter {iteration}", f"step {int(metrics.get('charts/global_step', 0))}"]
-        for key in self.KEYS:
-            if key in metrics and metrics[key] is not None:
-                parts.append(f"{key.split('/')[-1]} {metrics[key]:.4g}")
-        return " | ".join(parts)
-
-    def on_iteration_end(self, trainer, iteration, metrics):
-        if self._bar is not None:
-            self._bar.n = trainer.global_step
-            self._bar.refresh()
-        if self.every and iteration % self.every == 0:
-            text = self.line(iteration, metrics)
-            if self._bar is not None:
-                self._bar.write(text, file=self.stream)
-            else:
-                print(text, file=self.stream)
-
-    def on_evaluation(self, trainer, iteration, metrics):
-        text = f"eval @ iter {iteration}: " + ", ".join(
-            f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
+    def _print(self, text: str) -> None:
         if self._bar is not None:
             self._bar.write(text, file=self.stream)
         else:
             print(text, file=self.stream)
 
+    def _add(self, metrics: dict[str, float]) -> None:
+        from vrl.returns import EPISODES_METRIC, RETURN_METRIC
+
+        count = metrics.get(EPISODES_METRIC) or 0.0
+        if not count:
+            return
+        self._episodes += count
+        for key in (RETURN_METRIC, "env/deliveries"):
+            value = metrics.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self._sums[key] = self._sums.get(key, 0.0) + value * count
+
+    def line(self, iteration: int, total: int, step: int, fps: float | None) -> str:
+        """The line for the episodes added since the last one (see the class)."""
+        from vrl.returns import RETURN_METRIC
+
+        parts = [f"iter {iteration}/{total}", f"step {step:,}"]
+        if self._episodes:
+            for key, label in ((RETURN_METRIC, "return"), ("env/deliveries", "deliveries")):
+                if key in self._sums:
+                    parts.append(f"{label} {_human(self._sums[key] / self._episodes)}")
+        else:
+            parts.append("no episode ended")
+        if fps is not None:
+            parts.append(f"fps {fps:,.0f}")
+        return "  ".join(parts)
+
+    def on_iteration_end(self, trainer, iteration, metrics):
+        if self._bar is not None:
+            self._bar.n = trainer.global_step
+            self._bar.refresh()
+        self._add(metrics)
+        if self._interval and (iteration == self._first + 1
+                               or (iteration - self._first) % self._interval == 0):
+            self._line_now(trainer)
+
+    def _line_now(self, trainer) -> None:
+        now = time.perf_counter()
+        elapsed = now - self._since_time
+        fps = (trainer.global_step - self._since_step) / elapsed if elapsed > 0 else None
+        self._print(self.line(trainer.iteration, trainer.num_iterations, trainer.global_step,
+                              fps))
+        self._printed_at = trainer.iteration
+        self._reset(trainer.global_step, now)
+
+    def on_evaluation(self, trainer, iteration, metrics):
+        self._print(f"eval @ iter {iteration}: " + ", ".join(
+            f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items()))
+
     def on_end(self, trainer, metrics):
+        if self._interval and self._printed_at < trainer.iteration:  # the last iteration
+            self._line_now(trainer)
         if self._bar is not None:
             self._bar.close()
+
+
+def _human(value: float) -> str:
+    """4 significant digits, thousands separated from 10,000 on (no exponent)."""
+    return f"{value:,.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
 
 
 class MetricsRecorder(Hook):

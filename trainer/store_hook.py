@@ -18,9 +18,10 @@ from typing import Any
 from trainer.config import CONFIGS, config_to_dict, fold_flat_dirty
 from trainer.envs.base import continuous_of
 from trainer.hooks import Hook
-from trainer.train import RETURN_METRIC, STATE_VERSION, Trainer
+from trainer.train import STATE_VERSION, Trainer
 from vrl import Repo
 from vrl.errors import VrlError
+from vrl.returns import EPISODES_METRIC, RETURN_METRIC
 from vrl.snapshotter import Snapshotter
 
 META_KEY = "trainer"
@@ -117,10 +118,15 @@ class StoreHook(Hook):
         assert self.snapshotter is not None
         merged = {**metrics, **self._eval}
         self._eval = {}
-        # the same figure as the console line and the best tag (`charts/return`)
-        shown = [f"{label} {value:.4g}" for label, value in (
-            ("return", _number(merged.get(RETURN_METRIC))),
-            ("eval return", _number(merged.get("eval/return")))) if value is not None]
+        # the same figure as the console line and the best tag (RETURN_METRIC); an
+        # iteration in which no episode finished says so instead
+        shown: list[str] = []
+        if (value := _number(merged.get(RETURN_METRIC))) is not None:
+            shown.append(f"return {value:.4g}")
+        elif merged.get(EPISODES_METRIC) == 0:
+            shown.append("no episode ended")
+        if (evaluated := _number(merged.get("eval/return"))) is not None:
+            shown.append(f"eval return {evaluated:.4g}")
         message = f"iter {iteration}" + (f": {', '.join(shown)}" if shown else "")
         frozen = sorted(trainer.frozen_layers)
         self.snapshotter.snapshot(step=trainer.global_step, metrics=merged, message=message,

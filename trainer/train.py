@@ -31,13 +31,18 @@ from trainer.distributed import DistContext
 from trainer.envs.base import VecEnv, action_mask_of, alive_of, continuous_of, state_dict_of
 from trainer.hooks import Hook
 from trainer.normalize import Normalizer
+from vrl.returns import (
+    EPISODES_METRIC,
+    RETURN_METRIC,
+    SMOOTHED_EPISODES,
+    SMOOTHED_RETURN_METRIC,
+)
 from vrl.rng import rng_state, set_rng_state
 
 STATE_VERSION = 1
-RETURN_METRIC = "charts/return"
-"""The return shown everywhere: console line, commit message, best tag, run summary."""
-RETURN_EPISODES = 10
-"""`charts/return` averages at least this many recent episodes (whole batches of num_envs)."""
+# RETURN_METRIC, the return shown everywhere (console line, commit message, best tag, `vrl
+# log`, the views): the mean return of the episodes finished in the iteration, absent when
+# none finished; SMOOTHED_RETURN_METRIC over the last SMOOTHED_EPISODES (vrl/returns.py)
 
 
 def check_batch(config: PPOConfig, slots: int, world_size: int = 1) -> None:
@@ -104,13 +109,9 @@ class Trainer:
         check_batch(config, env.num_envs, self.dist.world_size)
         # whole iterations, rounded up: a run trains at least the steps it was asked for
         self.num_iterations = whole_iterations(config.total_steps, self.steps_per_iteration)
-        # `charts/return`, the one return figure (console, commit message, best tag): the
-        # mean of the last RETURN_EPISODES finished episodes, in whole batches of
-        # num_envs (the warehouse's worlds finish their episodes together)
-        self.return_window = config.num_envs * -(-RETURN_EPISODES // config.num_envs)
         self.iteration = 0
         self.global_step = 0
-        self.episode_returns: deque[float] = deque(maxlen=max(100, self.return_window))
+        self.episode_returns: deque[float] = deque(maxlen=SMOOTHED_EPISODES)
         self.last_metrics: dict[str, float] = {}
         self._frozen: set[str] = set()
         self._stop = False
@@ -257,18 +258,19 @@ class Trainer:
         metrics["perf/rollout_s"] = t1 - t0
         metrics["perf/update_s"] = t2 - t1
         metrics["charts/frozen_layers"] = float(len(self._frozen))
+        # the return and the env's episode metrics only where episodes finished: an
+        # iteration without one has none (a repeat of the last value would look like news)
+        metrics[EPISODES_METRIC] = float(len(episodes))
         if episodes:
             returns = [ep["return"] for ep in episodes]
             self.episode_returns.extend(returns)
-            metrics["charts/episodic_return"] = float(np.mean(returns))
+            metrics[RETURN_METRIC] = float(np.mean(returns))
             metrics["charts/episodic_length"] = float(np.mean([ep["length"] for ep in episodes]))
             for key in episodes[0]:
                 if key not in ("return", "length"):
                     metrics[f"env/{key}"] = float(np.mean([ep[key] for ep in episodes]))
-        if self.episode_returns:
-            recent = list(self.episode_returns)[-self.return_window:]
-            metrics[RETURN_METRIC] = float(np.mean(recent))
-            metrics["charts/return_last100"] = float(np.mean(list(self.episode_returns)[-100:]))
+        if self.episode_returns:  # a moving window: it goes on while no episode finishes
+            metrics[SMOOTHED_RETURN_METRIC] = float(np.mean(self.episode_returns))
         self.last_metrics = metrics
         return metrics
 
@@ -391,5 +393,4 @@ class Trainer:
             self.next_obs = self.env.reset(seed=self.config.seed + 7919 * self.dist.rank
                                            + 1_000_003 * self.iteration)
             self.normalizer.observe(self.next_obs, alive_of(self.env))
-        self.episode_returns = deque(state["episode_returns"],
-                                     maxlen=max(100, self.return_window))
+        self.episode_returns = deque(state["episode_returns"], maxlen=SMOOTHED_EPISODES)

@@ -385,6 +385,13 @@ class CommitEngine:
         finally:
             end_batch(ok)
 
+    def _unchanged(self, parent: ObjectId, mid: ObjectId, manifest: Manifest) -> bool:
+        """Whether `manifest` holds what `parent` holds: the same manifest, or the same
+        tensors from another container (a `.pt` of the weights a `.safetensors` held).
+        The parent's manifest is cached by now: the statistics read it."""
+        parent_mid = self.repo.read_commit(parent).manifest
+        return parent_mid == mid or self.repo.read_manifest(parent_mid).same_content(manifest)
+
     def _commit_loop(self, ref: str, mid: ObjectId, manifest: Manifest, allow_empty: bool,
                      layer_stats: Callable[[ObjectId | None],
                                            tuple[dict[str, Any], str | None]],
@@ -405,7 +412,7 @@ class CommitEngine:
             # under the lock)
             parent = early[0] if first else self.refs.read(ref)
             first = False
-            if parent and not allow_empty and self.repo.read_commit(parent).manifest == mid:
+            if parent and not allow_empty and self._unchanged(parent, mid, manifest):
                 if guessed and self.refs.read(ref) != parent:
                     guessed = self._trusted = False  # moved meanwhile: commit onto it
                     continue

@@ -99,6 +99,14 @@ class History:
             self._commits[oid] = commit
         return commit
 
+    def remember(self, commits: Iterable[tuple[ObjectId, Commit]]) -> None:
+        """Commits the caller has read already (`vrl log`'s), so that they are not read
+        and parsed again; kept without their statistics, as `commit` keeps them."""
+        for oid, commit in commits:
+            if oid not in self._commits:
+                self._commits[oid] = commit if not commit.stats else \
+                    Commit(**{**commit.__dict__, "stats": {}})
+
     def stats(self, oid: ObjectId) -> dict[str, Any]:
         """The commit's stored statistics (parsed on each call: they are large)."""
         payload = self._payload(oid)

@@ -336,6 +336,19 @@ class FileLayout:
         return cls(data["format"], TensorEntry.from_json(data["header"]))
 
 
+def _unordered(tree: Any) -> Any:
+    """A manifest tree with every dict's items sorted: the order a file happened to
+    store its keys in is no part of its content."""
+    if isinstance(tree, list):
+        return [_unordered(v) for v in tree]
+    if isinstance(tree, dict):
+        if set(tree) == {"$d"} and isinstance(tree["$d"], list):
+            items = [(json.dumps(k, sort_keys=True), _unordered(v)) for k, v in tree["$d"]]
+            return {"$d": sorted(items, key=lambda kv: kv[0])}
+        return {k: _unordered(v) for k, v in tree.items()}
+    return tree
+
+
 LAYOUT_NAME = "(file header)"  # how data_entries() names the layout's header object
 
 
@@ -365,6 +378,19 @@ class Manifest:
         layout = "" if self.layout is None else \
             f'"layout":{_CANONICAL.encode(self.layout.to_json())},'
         return f'{{"format":{FORMAT},{layout}"tensors":{tensors},"tree":{tree}}}'.encode()
+
+    def same_content(self, other: Manifest) -> bool:
+        """Whether both hold the same tensors (by content id, dtype and shape) in the same
+        structure, whatever file each came from: a `.pt` and a `.safetensors` of the same
+        weights differ in their layout and in dict order, not in what they hold."""
+        if len(self.tensors) != len(other.tensors):
+            return False
+        for name, entry in self.tensors.items():
+            theirs = other.tensors.get(name)
+            if theirs is None or (entry.id, entry.dtype, entry.shape) != \
+                    (theirs.id, theirs.dtype, theirs.shape):
+                return False
+        return _unordered(self.tree) == _unordered(other.tree)
 
     def tree_json(self) -> str:
         """The tree's canonical JSON, once its depth is known to fit (room for

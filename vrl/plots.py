@@ -54,11 +54,29 @@ def _save(fig: Any, path: str | Path, fmt: str) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format=fmt, dpi=DPI)
+            # mkstemp makes the file 0600; an image is for sharing: the mode a plain
+            # open() would give it (0644 under the usual umask 022)
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process's umask; read from /proc where it can be, since os.umask can only
+    read it by setting it (for a moment, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _text(text: str) -> str:

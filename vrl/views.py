@@ -20,7 +20,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,9 +30,8 @@ from vrl.objects import ObjectId
 from vrl.refs import short_ref
 from vrl.repo import Repo
 
-RETURN_METRICS = ("eval/return", "charts/return_last100", "charts/episodic_return", "return",
-                  "reward")
-"""Metrics shown by default where present (the trainer's returns first)."""
+# shown by default where present, the trainer's return first (vrl/returns.py: what each is)
+from vrl.returns import RETURN_METRICS, default_returns  # noqa: F401 - part of the views API
 
 # Metrics whose smaller values are better (matched on the last part of the name, so that
 # `losses/explained_variance` is not a loss); every other metric is better when larger.
@@ -740,3 +739,102 @@ def diff(repo: Repo, a: str, b: str, threshold: float | None = None) -> dict[str
     except (PrunedError, ObjectNotFoundError) as exc:
         out["diff"], out["error"] = None, str(exc)
     return out
+
+
+# ---------------------------------------------------------------------------- lineage
+
+
+def setting_changes(new: dict[str, Any], old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The flattened keys whose values differ from `old` to `new` ({key, value, old,
+    status: added / removed / changed}); none where either side records nothing (a
+    commit made without hyperparameters or environment leaves them unknown, not unset)."""
+    if not new or not old or (new == old and _same_types(new, old)):  # most commits
+        return []
+    return [entry for entry in _changes(new, old) if entry["status"] != "same"]
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """Whether two equal values (`a == b`) hold the same types throughout, so that they
+    are `_same` too (1, 1.0 and True are equal in Python) - without JSON text, which cost
+    `vrl log` more than reading the commits."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return all(_same_types(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return all(_same_types(x, y) for x, y in zip(a, b, strict=True))
+    return True
+
+
+def hparam_changes(repo: Repo, oid: ObjectId) -> list[dict[str, Any]]:
+    """The hyperparameters commit `oid` changed against its first parent (see
+    `setting_changes`; none for a root commit or a parent beyond a shallow history)."""
+    history = History.of(repo)
+    commit = history.commit(oid)
+    if not commit.parents or not history.has(commit.parents[0]):
+        return []
+    return setting_changes(commit.hparams, history.commit(commit.parents[0]).hparams)
+
+
+def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
+    """The first commit of each run's own (after its branch point), with where it forked:
+    {id: {"run": the run it starts, "from": the run it forked from, "id": the commit it
+    forked at, "step": that commit's step}}. The runs and branch points are those of
+    `runs()` (every local branch, and remote-tracking branches no local one shows), less
+    the branches made at a snapshot of a run that then went on (a bookmark, or a fork
+    not trained yet): no run forked from them."""
+    history = History.of(repo)
+    chosen = _select_runs(repo, None, False)
+    lines = {name: history.line(oid) for name, _, oid in chosen}
+    places = {name: {oid: i for i, oid in enumerate(line)} for name, line in lines.items()}
+    went_on = {name: _went_on(repo, ref, lines[name]) for name, ref, _ in chosen
+               if ref is not None}
+    runs = [(name, oid) for name, _, oid in chosen
+            if not any(head != oid and oid in places[other] and
+                       other in went_on and went_on[other](places[other][oid])
+                       for other, _, head in chosen)]
+    points = _branch_points(history, [oid for _, oid in runs], [name for name, _ in runs])
+    out: dict[ObjectId, dict[str, Any]] = {}
+    for (name, _), point in zip(runs, points, strict=True):
+        if point is not None:
+            out.setdefault(lines[name][point["index"] + 1],
+                           {"run": name, "from": point["run"], "id": point["id"],
+                            "step": point["step"]})
+    return out
+
+
+def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool]:
+    """Whether the run of `ref` (its first-parent `line`) went on from its snapshot at
+    index i, rather than forking there (as a function of i).
+
+    The graph alone cannot tell a run that forked from another's last snapshot from one
+    that went on past a branch made at its snapshot. The run's reflog can: a run whose
+    ref was made before that snapshot, or by committing it, went on; one made there or
+    later (as `vrl train --from` makes a fork, or a clone) forked there. Without a
+    reflog: forked, as runs() takes it."""
+    log = repo.refs.reflog(ref)
+    if not log or log[-1].new not in line:
+        return lambda i: False
+    born = line.index(log[-1].new)
+    by_commit = log[-1].reason.startswith("commit")
+    return lambda i: born < i or (born == i and by_commit)
+
+
+def common_ancestor(repo: Repo, a: ObjectId, b: ObjectId) -> ObjectId | None:
+    """The newest commit (by time) that both `a` and `b` descend from or are, as git's
+    merge base; None for unrelated histories."""
+    import heapq
+
+    history = History.of(repo)
+    ours = set(history.reachable([a]))
+    seen = {b}
+    ready = [(_neg(history.commit(b).time), b)] if history.has(b) else []
+    while ready:
+        _, oid = heapq.heappop(ready)
+        if oid in ours:
+            return oid
+        for p in history.commit(oid).parents:
+            if p not in seen and history.has(p):
+                seen.add(p)
+                heapq.heappush(ready, (_neg(history.commit(p).time), p))
+    return None

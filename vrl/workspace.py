@@ -401,7 +401,10 @@ class WorkspaceMixin:
         head_manifest = self.read_commit(head).manifest
         if head_manifest == mid:
             return "clean", None
-        diff = self._diff_workspace(self.read_manifest(head_manifest), manifest)
+        head_content = self.read_manifest(head_manifest)
+        if head_content.same_content(manifest):  # the same tensors in another container
+            return "clean", None
+        diff = self._diff_workspace(head_content, manifest)
         return "modified", diff
 
     def _diff_workspace(self, old: Manifest, new: Manifest) -> DiffResult:

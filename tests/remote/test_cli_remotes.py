@@ -90,7 +90,7 @@ def test_push_clone_pull_session(ws, capsys):
     second = Repo(".").head()
     code, out, _ = vrl(capsys, "push")
     assert out.startswith(f"origin/main: {head[:12]} -> {second[:12]} (fast-forward)\n"
-                          "Sent 1 tensors, 1 manifests, 1 commits (")
+                          "Sent 1 tensor, 1 manifest, 1 commit (")
     os.chdir(ws / "b")
     code, out, err = vrl(capsys, "pull", "-q")
     assert (code, out) == (0, f"main: {head[:12]} -> {second[:12]} (fast-forward)\n"

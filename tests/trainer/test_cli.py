@@ -20,13 +20,13 @@ def test_train_warehouse_writes_jsonl(tmp_path):
         "--device", "cpu", "--set", "num_envs=2", "--set", "num_steps=16",
         "--set", "env.num_agents=4", "--set", "env.max_steps=8", "--set", "hidden_sizes=[16]",
         "--set", "num_minibatches=2", "--set", "update_epochs=2",
-        "--out", str(out), "--no-progress", "--log-every", "1", "--no-store"])
+        "--out", str(out), "--no-progress", "--log-every", "1", "--no-store", "--json"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["iteration"] for x in lines] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert lines[-1]["charts/global_step"] == 1024
     assert "losses/approx_kl" in lines[0] and "env/deliveries" in lines[0]
-    assert "iter 8 | step 1024" in result.stderr
+    assert "iter 8/8  step 1,024  return " in result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["charts/global_step"] == 1024
     assert "num_agents: 4" in (out / "config.yaml").read_text()
@@ -314,11 +314,11 @@ def test_steps_round_up_to_whole_iterations_and_say_so():
 
 def test_train_steps_that_are_not_whole_iterations(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "200"])
+    result = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "200", "--json"])
     assert result.exit_code == 0, result.output
     assert "vrl: --steps 200 is 1.6 iterations of 128 steps: training 2 iterations " \
            "(256 steps)\n" in result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["charts/global_step"] == 256
-    result = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "256"])
+    result = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "256", "--json"])
     assert result.exit_code == 0 and "iterations of" not in result.stderr, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["charts/global_step"] == 256

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -208,3 +209,28 @@ def test_record_episode(tmp_path):
                            png_dir=str(tmp_path / "png"))
     assert len(texts) == 6 and len(list((tmp_path / "png").iterdir())) == 6
     assert texts[0] != texts[-1]  # the AGVs moved
+
+
+def test_gif_frames_carry_a_title_the_step_and_a_legend(tmp_path):
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from trainer.envs.baseline import ShortestPathPolicy
+    from trainer.envs.warehouse import AGV_LOADED, DROPOFF, record_episode
+
+    env = WarehouseEnv(1, num_agents=3, max_steps=6)
+    policy = ShortestPathPolicy(env)
+    record_episode(env, lambda obs: policy.act(), gif_path=str(tmp_path / "a.gif"),
+                   png_dir=str(tmp_path / "png"), title="best/run (0123456789ab)")
+    raw = env.render_rgb()
+    first, last = (np.asarray(Image.open(tmp_path / "png" / f"frame_{i:04d}.png"))
+                   for i in (0, 5))
+    assert first.shape[1] == raw.shape[1] and first.shape[0] > raw.shape[0] + 40
+    header = first[:26]
+    assert (header < 60).all(axis=2).sum() > 50  # black text above the frame
+    assert not np.array_equal(header, last[:26])  # the step counter moved
+    legend = first[-14:]
+    for colour in (DROPOFF, AGV_LOADED):  # every colour explained below it
+        assert (legend == colour).all(axis=2).sum() > 20
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.n_frames == 6 and gif.size == (first.shape[1], first.shape[0])

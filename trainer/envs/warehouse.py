@@ -350,9 +350,8 @@ class WarehouseEnv:
         return "\n".join("".join(row) for row in grid)
 
     def render_rgb(self, world: int = 0, cell_px: int = 16) -> np.ndarray:
-        """``(H*cell_px, W*cell_px, 3)`` uint8 frame for GIFs."""
-        colours = {"#": (90, 90, 90), ".": (245, 245, 245), "P": (150, 200, 255),
-                   "D": (255, 210, 140)}
+        """``(H*cell_px, W*cell_px, 3)`` uint8 frame for GIFs (colours: ``LEGEND``)."""
+        colours = {"#": SHELF, ".": AISLE, "P": PICKUP, "D": DROPOFF}
         img = np.zeros((self.height, self.width, 3), dtype=np.uint8)
         for r, row in enumerate(self.layout.rows):
             for c, ch in enumerate(row):
@@ -360,8 +359,57 @@ class WarehouseEnv:
         for cell, full in zip(self.pos[world].tolist(), self.loaded[world].tolist(),
                               strict=True):
             r, c = divmod(cell, self.width)
-            img[r, c] = (200, 40, 40) if full else (40, 160, 40)
+            img[r, c] = AGV_LOADED if full else AGV_EMPTY
         return np.kron(img, np.ones((cell_px, cell_px, 1), dtype=np.uint8))
+
+
+SHELF, AISLE, PICKUP, DROPOFF = (90, 90, 90), (245, 245, 245), (150, 200, 255), (255, 210, 140)
+AGV_EMPTY, AGV_LOADED = (40, 160, 40), (200, 40, 40)
+LEGEND = (("shelf", SHELF), ("aisle", AISLE), ("pick-up", PICKUP), ("drop-off", DROPOFF),
+          ("AGV", AGV_EMPTY), ("AGV carrying", AGV_LOADED))
+"""What ``render_rgb``'s colours mean, as ``annotate`` draws it under a frame."""
+
+
+def annotate(frame: np.ndarray, title: str, status: str,
+             legend: tuple[tuple[str, tuple[int, int, int]], ...] = ()) -> np.ndarray:
+    """``frame`` with ``title`` and ``status`` (e.g. the step counter) above it and a
+    colour ``legend`` below, on white (needs pillow); a frame narrower than the title is
+    centred on a canvas as wide as it."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=12)  # FreeType's: legible, with real spaces
+        pad, line = 4, 16
+    except (TypeError, ImportError, OSError):  # an older pillow, or no FreeType
+        font, pad, line = ImageFont.load_default(), 4, 14
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    height, width = frame.shape[:2]
+    width = max(width, *(int(probe.textlength(text, font=font)) + 2 * pad
+                         for text in (title, status)))
+    # the legend's entries, wrapped into rows that fit the frame's width
+    rows: list[list[tuple[str, tuple[int, int, int], int]]] = [[]]
+    x = pad
+    for label, colour in legend:
+        w = line + 3 + int(probe.textlength(label, font=font)) + 10
+        if rows[-1] and x + w > width:
+            rows.append([])
+            x = pad
+        rows[-1].append((label, colour, x))
+        x += w
+    top = 2 * line + pad
+    bottom = (len(rows) * line + pad) if legend else 0
+    image = Image.new("RGB", (width, top + height + bottom), (255, 255, 255))
+    image.paste(Image.fromarray(frame), ((width - frame.shape[1]) // 2, top))
+    draw = ImageDraw.Draw(image)
+    for i, text in enumerate((title, status)):
+        draw.text((pad, pad // 2 + i * line), text, fill=(0, 0, 0), font=font)
+    for r, entries in enumerate(rows):
+        y = top + height + pad // 2 + r * line
+        for label, colour, x in entries:
+            draw.rectangle((x, y + 1, x + line - 4, y + line - 3), fill=colour,
+                           outline=(0, 0, 0))
+            draw.text((x + line, y), label, fill=(0, 0, 0), font=font)
+    return np.asarray(image)
 
 
 def save_gif(frames: list[np.ndarray], path: str, fps: int = 8) -> None:
@@ -375,16 +423,27 @@ def save_gif(frames: list[np.ndarray], path: str, fps: int = 8) -> None:
 
 
 def record_episode(env: WarehouseEnv, act, steps: int | None = None, world: int = 0,
-                   gif_path: str | None = None, png_dir: str | None = None) -> list[str]:
+                   gif_path: str | None = None, png_dir: str | None = None,
+                   title: str | None = None) -> list[str]:
     """Step ``env`` with ``act(obs) -> actions`` for one episode (or ``steps``); returns the
-    text frames of ``world`` and optionally writes a GIF and/or one PNG per frame."""
+    text frames of ``world`` and optionally writes a GIF and/or one PNG per frame. With a
+    ``title``, each image frame carries it, the step and deliveries so far, and the
+    legend (``annotate``)."""
     steps = steps or env.cfg.max_steps
+
+    def image(t: int) -> np.ndarray:
+        frame = env.render_rgb(world)
+        if title is None:
+            return frame
+        status = f"step {t}/{steps}   deliveries {int(env.ep_deliveries[world])}"
+        return annotate(frame, title, status, LEGEND)
+
     obs = env.reset()
-    texts, frames = [env.render_text(world)], [env.render_rgb(world)]
-    for _ in range(steps - 1):  # the last step would auto-reset; stop before it
+    texts, frames = [env.render_text(world)], [image(0)]
+    for t in range(1, steps):  # the last step would auto-reset; stop before it
         obs, *_ = env.step(act(obs))
         texts.append(env.render_text(world))
-        frames.append(env.render_rgb(world))
+        frames.append(image(t))
     if gif_path:
         save_gif(frames, gif_path)
     if png_dir:

@@ -61,6 +61,18 @@ class VrlGroup(click.Group):
                     return _unavailable(name, ep.value.split(":")[0], exc)
         return None
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list with each command's whole first sentence, wrapped: click cuts
+        it to one line with "...", which hid what half the commands do."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def resolve_command(self, ctx: click.Context, args: list[str]
                         ) -> tuple[str | None, click.Command | None, list[str]]:
         try:
@@ -86,7 +98,8 @@ def _unavailable(name: str, module: str, exc: Exception) -> click.Command:
                          params=[click.Argument(["args"], nargs=-1)])
 
 
-@click.group(cls=VrlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=VrlGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                             "max_content_width": 100})
 @click.option("-C", "directory", type=click.Path(file_okay=False), default=None,
               help="Run as if vrl was started in this directory.")
 @click.version_option(package_name="vrl")

@@ -64,6 +64,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """`1 tensor`, `2 tensors`, `1,024 objects`: a count with its noun (`many`: an
+    irregular plural)."""
+    return f"{n:,} {noun if n == 1 else many or noun + 's'}"
+
+
 def color(text: str, fg: str) -> str:
     return click.style(text, fg=fg) if sys.stdout.isatty() else text
 

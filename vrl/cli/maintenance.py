@@ -6,7 +6,7 @@ import time
 
 import click
 
-from vrl.cli._common import echo_json, first_line, json_option, pass_repo, safe
+from vrl.cli._common import echo_json, first_line, json_option, pass_repo, plural, safe
 from vrl.diff import human_bytes
 from vrl.errors import VrlError
 from vrl.repo import Repo
@@ -81,8 +81,8 @@ def fsck(repo: Repo, remote_name: str | None, as_json: bool) -> None:
             click.echo(f"warning: {safe(warning['message'], True)}")
         for oid in report["dangling_commits"]:
             click.echo(f"dangling commit {oid}")
-        state = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
-        click.echo(f"checked {report['objects']} objects: {state}")
+        state = "ok" if report["ok"] else plural(len(report["problems"]), "problem")
+        click.echo(f"checked {plural(report['objects'], 'object')}: {state}")
     if not report["ok"]:
         raise click.exceptions.Exit(1)  # main() returns it (sys.exit would escape main)
 
@@ -117,10 +117,10 @@ def prune(repo: Repo, keep_last: int, branches: tuple[str, ...], keep: tuple[str
         message = repo.read_commit(oid).message
         click.echo(f"{verb} {oid[:12]} {first_line(message)}".rstrip())
     if dry_run or not pruned:
-        click.echo(f"{len(pruned)} snapshot(s) {'would be ' if dry_run else ''}pruned; run "
-                   "`vrl gc` to free their space")
+        click.echo(f"{plural(len(pruned), 'snapshot')} {'would be ' if dry_run else ''}"
+                   "pruned; run `vrl gc` to free their space")
         return
-    click.echo(f"{len(pruned)} snapshot(s) pruned")
+    click.echo(f"{plural(len(pruned), 'snapshot')} pruned")
     try:
         _, freed = repo.gc(dry_run=True)
         note = pending_note(repo)[2]
@@ -142,9 +142,10 @@ def repack(repo: Repo, as_json: bool) -> None:
         echo_json({"objects": packed, "files_removed": removed})
         return
     if removed:
-        click.echo(f"Packed {packed} objects into one pack ({removed} files replaced)")
+        click.echo(f"Packed {plural(packed, 'object')} into one pack "
+                   f"({plural(removed, 'file')} replaced)")
     else:
-        click.echo(f"Nothing to repack ({packed} objects already in one pack)")
+        click.echo(f"Nothing to repack ({plural(packed, 'object')} already in one pack)")
 
 
 COMMANDS = [gc, fsck, prune, repack]

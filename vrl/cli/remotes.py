@@ -8,7 +8,15 @@ from typing import Any
 
 import click
 
-from vrl.cli._common import echo_json, json_option, parse_assignments, pass_repo, safe, short
+from vrl.cli._common import (
+    echo_json,
+    json_option,
+    parse_assignments,
+    pass_repo,
+    plural,
+    safe,
+    short,
+)
 from vrl.repo import Repo
 
 jobs_option = click.option("-j", "--jobs", type=click.IntRange(1, 64), default=8,
@@ -137,8 +145,8 @@ def remote_rename(repo: Repo, old: str, new: str) -> None:
 
 def _summary(result: Any) -> str:
     o = result.objects
-    return (f"{o['tensor']} tensors, {o['manifest']} manifests, {o['commit']} commits "
-            f"({_human(result.bytes)})")
+    return (f"{plural(o['tensor'], 'tensor')}, {plural(o['manifest'], 'manifest')}, "
+            f"{plural(o['commit'], 'commit')} ({_human(result.bytes)})")
 
 
 @click.command()
@@ -184,8 +192,8 @@ def push(repo: Repo, remote_name: str | None, refs: tuple[str, ...], all_branche
         for p in repaired.sent:
             click.echo(safe(f"{name}: re-sent {p.kind} {p.oid[:12]} (was {p.problem})", True))
         if not repaired.sent:
-            click.echo(safe(f"{name}: nothing to repair ({repaired.report.objects} objects "
-                            "checked)", True))
+            checked = plural(repaired.report.objects, "object")
+            click.echo(safe(f"{name}: nothing to repair ({checked} checked)", True))
     for u in result.updates:
         ref = u.ref.removeprefix("refs/heads/").removeprefix("refs/")
         if u.status == "up-to-date":
@@ -236,7 +244,7 @@ def fsck_remote(repo: Repo, name: str, as_json: bool, jobs: int = 8) -> None:
                                         f"--repair {name}` re-sends them from this "
                                         "repository")
         refs = f"{report.refs} ref" + ("" if report.refs == 1 else "s")
-        click.echo(safe(f"checked {report.objects} objects on {name} ({refs}): {state}",
+        click.echo(safe(f"checked {plural(report.objects, 'object')} on {name} ({refs}): {state}",
                         True))
     if not report.ok:
         raise click.exceptions.Exit(1)

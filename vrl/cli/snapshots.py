@@ -15,6 +15,7 @@ from vrl.cli._common import (
     parse_assignments,
     parse_metrics,
     pass_repo,
+    plural,
     render_diff,
     safe,
     short,
@@ -192,7 +193,7 @@ def export(repo: Repo, rev: str, file: str) -> None:
     oid = repo.resolve(rev)
     manifest = repo.read_manifest(repo.read_commit(oid).manifest)
     repo.export(oid, file)
-    click.echo(f"Exported {short(oid)} to {file} ({len(manifest.tensors)} tensors, "
+    click.echo(f"Exported {short(oid)} to {file} ({plural(len(manifest.tensors), 'tensor')}, "
                f"{human_bytes(manifest.nbytes)})")
 
 
@@ -225,12 +226,41 @@ def status(repo: Repo, show_all: bool, as_json: bool) -> None:
         click.echo(render_diff(diff, only_changed=not show_all))
 
 
+def _ensure_nothing_lost(repo: Repo, target: str) -> None:
+    """Refuse a `reset --hard` that would overwrite workspace content no snapshot holds.
+
+    As checkout does: git's reset --hard discards such edits silently, and the reflog
+    that undoes the move cannot bring them back. A workspace that matches HEAD, or
+    already holds `target`, or is not there, loses nothing."""
+    from vrl.errors import WorkspaceError
+
+    current = repo.workspace_manifest()
+    if current is None or current[0] == repo.read_commit(target).manifest:
+        return
+    head = repo.head()
+    if head is not None and repo.read_commit(head).manifest == current[0]:
+        return
+    name = repo.workspace_path.name
+    what = "has uncommitted changes" if head is not None else "was never committed"
+    raise WorkspaceError(f"{name} {what} that reset --hard would discard; commit it "
+                         "(`vrl commit`), or use --force to discard it")
+
+
 @click.command()
 @click.argument("rev")
 @click.option("--hard", is_flag=True, help="Also rewrite the workspace checkpoint.")
+@click.option("-f", "--force", is_flag=True,
+              help="With --hard: discard uncommitted workspace changes.")
 @pass_repo
-def reset(repo: Repo, rev: str, hard: bool) -> None:
-    """Roll the current branch back (or forward) to REV in one command."""
+def reset(repo: Repo, rev: str, hard: bool, force: bool) -> None:
+    """Roll the current branch back (or forward) to REV in one command.
+
+    --hard also rewrites the workspace checkpoint; it refuses (as checkout does) when
+    that would lose uncommitted changes of the file, unless --force."""
+    if force and not hard:
+        raise click.UsageError("--force only applies with --hard")
+    if hard and not force:
+        _ensure_nothing_lost(repo, repo.resolve(rev))
     old, new = repo.reset(rev, workspace=hard)  # the workspace first, then the branch
     c = repo.read_commit(new)
     click.echo(f"HEAD is now at {short(new)} {first_line(c.message)}")

@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from vrl.cli._common import echo_json, fmt_num, json_option, pass_repo, safe, short, table
+from vrl.cli._common import echo_json, fmt_num, json_option, pass_repo, plural, safe, short, table
 from vrl.repo import Repo
-from vrl.views import RETURN_METRICS
+from vrl.returns import default_returns
 
 DEFAULT_METRICS = 4  # shown in the table when --metrics is not given and no return is known
 CELL_MAX = 32
@@ -50,8 +50,7 @@ def _table_metrics(data: dict[str, Any], chosen: list[str] | None) -> list[str]:
     if chosen is not None:
         return chosen
     names = data["metrics"]
-    returns = [m for m in RETURN_METRICS if m in names]
-    return returns or names[:DEFAULT_METRICS]
+    return default_returns(names) or names[:DEFAULT_METRICS]
 
 
 @click.command()
@@ -108,7 +107,10 @@ def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str
         click.echo("No runs yet: commit a snapshot first")
         return
     metrics = _table_metrics(data, chosen)
-    headers = ["run", "commit", "step", "snapshots", "branched from", *data["params"]]
+    # one run shows all its hyperparameters: as columns they made one line of hundreds of
+    # characters, so they go below the table, one per line
+    params = data["params"] if len(data["rows"]) > 1 else []
+    headers = ["run", "commit", "step", "snapshots", "branched from", *params]
     for m in metrics:
         headers += [m, f"{m}:best"]
     rows = []
@@ -116,8 +118,7 @@ def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str
         cells = [row["name"], short(row["id"])[:8], fmt_num(row["step"]),
                  f"{row['snapshots']}" + (f" (+{row['own']})" if row["branch_point"] else ""),
                  _branch_point(row)]
-        cells += [_cell(row["hparams"][k]) if k in row["hparams"] else "-"
-                  for k in data["params"]]
+        cells += [_cell(row["hparams"][k]) if k in row["hparams"] else "-" for k in params]
         for m in metrics:
             summary = row["metrics"].get(m)
             cells += [_cell(summary["last"]) if summary else "-",
@@ -129,6 +130,12 @@ def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str
         first, _, rest = text.partition("\n")
         text = click.style(first, bold=True) + "\n" + rest
     click.echo(text)
+    if data["params"] and not params:
+        hparams = data["rows"][0]["hparams"]
+        width = max(len(safe(k, True)) for k in data["params"])
+        click.echo("\nhyperparameters:\n" + "\n".join(
+            f"  {safe(k, True).ljust(width)}  {_cell(hparams[k]) if k in hparams else '-'}"
+            for k in data["params"]))
     hidden = len(data["metrics"]) - len(metrics)
     if hidden > 0:
         click.echo(f"({len(metrics)} of {len(data['metrics'])} metrics shown; choose with "
@@ -257,8 +264,9 @@ def _size(text: str | None) -> tuple[float, float] | None:
 def plot(repo: Repo, metric: str | None, revs: tuple[str, ...], output: str | None,
          weight: float, svg: bool, x_axis: str, all_tags: bool, layers_rev: str | None,
          limit: int | None, prefix: str | None, size: str | None) -> None:
-    """Plot METRIC against the step for every branch (or REV...), overlaid; or, with
-    --layers REV, how much every layer moved at every snapshot (frozen layers marked).
+    """Plot METRIC (default: the return) against the step for every branch (or REV...),
+    overlaid; or, with --layers REV, how much every layer moved at every snapshot (frozen
+    layers marked).
     """
     from vrl import plots, views
 
@@ -273,9 +281,11 @@ def plot(repo: Repo, metric: str | None, revs: tuple[str, ...], output: str | No
         click.echo(f"wrote {safe(output, True)} ({fmt.upper()}): {len(heat['layers'])} "
                    f"layers x {len(heat['commits'])} snapshots of {safe(layers_rev, True)}")
         return
-    if metric is None:
-        raise click.UsageError("give a METRIC to plot (`vrl compare --json` lists them), "
-                               "or --layers REV")
+    if metric is None:  # the return, as compare and the UI show by default
+        metric = next(iter(default_returns(views.metric_names(repo))), None)
+        if metric is None:
+            raise click.UsageError("give a METRIC to plot (`vrl compare --json` lists them), "
+                                   "or --layers REV")
     if limit is not None or prefix is not None:
         raise click.UsageError("--limit and --prefix apply to --layers only")
     output = output or ("curves.svg" if svg else "curves.png")
@@ -286,7 +296,7 @@ def plot(repo: Repo, metric: str | None, revs: tuple[str, ...], output: str | No
                             **({"size": figure_size} if figure_size else {}))
     points = sum(len(r["points"]) for r in runs)
     click.echo(f"wrote {safe(output, True)} ({fmt.upper()}): {safe(metric, True)} of "
-               f"{len(runs)} run(s), {points} points")
+               f"{plural(len(runs), 'run')}, {plural(points, 'point')}")
 
 
 COMMANDS = [compare, plot]

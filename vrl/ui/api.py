@@ -31,6 +31,15 @@ from vrl.repo import Repo
 CACHE_SIZE = 256
 
 
+def default_metrics(metrics: list[str]) -> dict[str, Any]:
+    """What the page shows first, as the CLI does: `default_metric` (the curve: the
+    return, else the first metric) and `return_metrics` (the compare table's columns:
+    the return and its smoothed form, where present)."""
+    returns = views.default_returns(metrics)
+    return {"default_metric": returns[0] if returns else (metrics[0] if metrics else None),
+            "return_metrics": returns}
+
+
 class ApiError(VrlError, ValueError):
     """A request the API cannot answer (unknown route, missing parameter)."""
 
@@ -194,12 +203,10 @@ class Api:
     def summary(self, params: dict[str, list[str]]) -> dict[str, Any]:
         runs = views.runs(self.repo, metrics=[])
         metrics = views.metric_names(self.repo)
-        default = next((m for m in views.RETURN_METRICS if m in metrics),
-                       metrics[0] if metrics else None)
         return {"repo": self.repo.workdir.name, "version": self.version(),
                 "head": self.repo.head(), "current_branch": self.repo.current_branch(),
                 "branches": {r["name"]: r["id"] for r in runs}, "tags": self.repo.tags(),
-                "metrics": metrics, "default_metric": default}
+                "metrics": metrics, **default_metrics(metrics)}
 
     def graph(self, params: dict[str, list[str]]) -> dict[str, Any]:
         data = views.graph(self.repo)

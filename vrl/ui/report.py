@@ -18,7 +18,7 @@ from typing import Any
 from vrl import views
 from vrl.history import History
 from vrl.repo import Repo
-from vrl.ui.api import Api
+from vrl.ui.api import Api, default_metrics
 from vrl.ui.server import asset
 
 MAX_COMMIT_PAGES = 300
@@ -40,9 +40,7 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
     summary = api.summary({})
     summary["branches"] = {r["name"]: r["id"] for r in runs}
     summary["metrics"] = views.metric_names(repo, [r["id"] for r in runs]) if runs else []
-    summary["default_metric"] = next((m for m in views.RETURN_METRICS
-                                      if m in summary["metrics"]),
-                                     summary["metrics"][0] if summary["metrics"] else None)
+    summary.update(default_metrics(summary["metrics"]))
     if summary["current_branch"] not in summary["branches"]:
         summary["current_branch"] = names[0] if names else None
     out: dict[str, Any] = {"summary": summary}

@@ -286,8 +286,9 @@
     const data = await api("compare");
     const s = state.summary;
     if (!state.compareMetrics) {
-      const first = data.metrics.filter((m) => m === s.default_metric);
-      state.compareMetrics = first.concat(data.metrics.filter((m) => m !== s.default_metric)).slice(0, 4);
+      // the return and its smoothed form, as `vrl compare` shows; else the first four
+      const returns = data.metrics.filter((m) => (s.return_metrics || []).includes(m));
+      state.compareMetrics = returns.length ? returns : data.metrics.slice(0, 4);
     }
     const out = el("div", { id: "compare-table" });
     const draw = () => {

@@ -266,7 +266,7 @@ def test_ctrl_c_stops_the_running_trial_with_a_snapshot_and_starts_no_other(ws):
     assert state["trials"]["learning_rate=1e-4-s1"]["status"] == "interrupted"
     # what --resume will do: continue the first in place, start the second
     code, out, _ = run("sweep", "int", "--resume", "--dry-run")
-    assert code == 0 and f"{first}: vrl train --no-progress --from {first} --steps" in out
+    assert code == 0 and f"{first}: vrl train --no-progress --json --from {first} --steps" in out
     assert f"--seed 1 --steps {steps} --device cpu --branch {second}" in out
 
 

@@ -387,7 +387,7 @@ def _tail(path: Path, lines: int) -> list[str]:
 
 
 def _summary(path: Path) -> dict[str, Any]:
-    """The JSON line `vrl train` prints last (return, steps, branch, head)."""
+    """The JSON line `vrl train --json` prints last (return, steps, branch, head)."""
     for line in reversed(_tail(path, 20)):
         if line.startswith("{"):
             with contextlib.suppress(ValueError):
@@ -487,8 +487,14 @@ def _report(job: Job, total: int) -> None:
     head = f"[{job.number}/{total}] "
     if job.rc == 0:
         job.summary = _summary(job.log)
-        ret = job.summary.get("charts/return")
-        shown = f"  return {ret:.4g}" if isinstance(ret, (int, float)) else ""
+        from vrl.returns import LEGACY_RETURN_METRIC, SMOOTHED_RETURN_METRIC
+
+        # the mean return of the last episodes (what `vrl train` ends with), else the
+        # return a trainer from before those names reported
+        ret = next((v for v in (job.summary.get(SMOOTHED_RETURN_METRIC),
+                                job.summary.get(LEGACY_RETURN_METRIC))
+                    if isinstance(v, (int, float))), None)
+        shown = f"  return {ret:.4g}" if ret is not None else ""
         click.echo(f"{head}{'done':<8}{job.trial.branch}  {took}{shown}")
         return
     what = "stopped" if job.stopped else "FAILED"
@@ -669,7 +675,8 @@ def _jobs(repo: Any, store: SweepStore, todo: list[Trial], ctx: click.Context,
           ) -> tuple[list[Job], list[tuple[Trial, str]], list[tuple[Trial, str]]]:
     """The trials to run (new ones start, unfinished ones continue from their branch),
     those already finished, and those whose branch belongs to something else."""
-    base = [sys.executable, "-m", "vrl", "train", "--no-progress"]
+    # --json: the run ends with a JSON line, whose return the sweep shows
+    base = [sys.executable, "-m", "vrl", "train", "--no-progress", "--json"]
     config_args = given(ctx, skip=(*RUN_OPTIONS, "progress"))
     steps_args = ["--steps", str(steps)] if steps is not None else []
     jobs: list[Job] = []

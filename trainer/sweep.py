@@ -534,9 +534,11 @@ def _report(job: Job, total: int) -> None:
 def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
           trials: int | None, sampler_seed: int, seeds_text: str, steps: int | None,
           workers: int, resume: bool, dry_run: bool, train_args: tuple[str, ...]) -> None:
-    """Train every combination of --grid values (or --trials draws of --random values)
-    with every seed, each on its own branch sweep/NAME/<values>-s<seed>; other options
-    (--preset, --set, --env, --algo, --device, ...) go to every `vrl train`.
+    """Train every combination of --grid values (or draws of --random values) with
+    every seed, one run per branch sweep/NAME/<values>-s<seed>.
+
+    Trials are `vrl train` processes, --workers at a time; other options (--preset,
+    --set, --env, --algo, --device, ...) go to every one of them.
 
     \b
     vrl sweep lr --grid learning_rate=1e-4,3e-4 --seeds 3 --steps 100000

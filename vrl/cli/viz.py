@@ -73,9 +73,11 @@ def _table_metrics(data: dict[str, Any], chosen: list[str] | None) -> list[str]:
 def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str | None,
             sort: str | None, all_params: bool, as_csv: bool, group_by: str | None,
             as_json: bool) -> None:
-    """Compare runs: one row per branch head (or REV; a pattern such as 'sweep/lr/*'
-    names the branches it matches), the hyperparameters that differ, the last and best
-    value of metrics, step, snapshots and where each run branched.
+    """Compare runs: one row per branch head (or REV), the hyperparameters that differ,
+    the last and best value of metrics, step, snapshots and where each run branched.
+
+    A REV with * ? or [ names the branches it matches ('sweep/lr/*'); --group-by pools
+    runs (seeds) into one row per group with mean +- std.
 
     A run is its first-parent line: `snapshots` counts it all, `own` those after the
     branch point; best is the largest value, the smallest for losses and errors.

@@ -64,12 +64,20 @@ def _table_metrics(data: dict[str, Any], chosen: list[str] | None) -> list[str]:
 @click.option("--all-params", is_flag=True,
               help="Show every hyperparameter, not only those that differ.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (every metric unless --metrics).")
+@click.option("--group-by", "group_by", default=None, metavar="KEY[,KEY]",
+              help="One row per group of runs with the same values of these hyperparameters "
+                   "(or 'sweep': a sweep's configurations, seeds pooled): runs, mean steps, "
+                   "mean +- std of the last and best metric values.")
 @json_option
 @pass_repo
 def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str | None,
-            sort: str | None, all_params: bool, as_csv: bool, as_json: bool) -> None:
+            sort: str | None, all_params: bool, as_csv: bool, group_by: str | None,
+            as_json: bool) -> None:
     """Compare runs: one row per branch head (or REV), the hyperparameters that differ,
     the last and best value of metrics, step, snapshots and where each run branched.
+
+    A REV with * ? or [ names the branches it matches ('sweep/lr/*'); --group-by pools
+    runs (seeds) into one row per group with mean +- std.
 
     A run is its first-parent line: `snapshots` counts it all, `own` those after the
     branch point; best is the largest value, the smallest for losses and errors.
@@ -79,6 +87,16 @@ def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str
     chosen = _split(metric_names)
     from vrl import views
 
+    if group_by is not None:
+        if all_params:
+            raise click.UsageError("--all-params shows runs: leave it out with --group-by")
+        keys = [k.strip() for k in group_by.split(",") if k.strip()]
+        if not keys:
+            raise click.BadParameter("give at least one key", param_hint="--group-by")
+        groups = views.compare_groups(repo, keys, list(revs) or None, metrics=chosen,
+                                      sort=sort, all_tags=all_tags)
+        _show_groups(groups, chosen, as_json, as_csv)
+        return
     data = views.compare(repo, list(revs) or None, metrics=chosen, sort=sort,
                          all_tags=all_tags, all_params=all_params)
     if as_json:
@@ -124,6 +142,65 @@ def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str
     if hidden > 0:
         click.echo(f"({len(metrics)} of {len(data['metrics'])} metrics shown; choose with "
                    "--metrics a,b, list them with --json)", err=True)
+
+
+def _mean_std(stats: dict[str, Any], n: int) -> str:
+    """"12.5 +- 0.7" (no std for one value; "(k)" when only k of the group's n runs have
+    the metric); "-" without values."""
+    if stats["mean"] is None:
+        return "-"
+    text = fmt_num(stats["mean"])
+    if stats["std"] is not None:
+        text += f" +- {fmt_num(stats['std'])}"
+    return text + (f" ({stats['n']})" if stats["n"] != n else "")
+
+
+def _show_groups(data: dict[str, Any], chosen: list[str] | None, as_json: bool,
+                 as_csv: bool) -> None:
+    if as_json:
+        echo_json(data)
+        return
+    keys, groups = data["group_by"], data["groups"]
+    if as_csv:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        head = [*keys, "runs", "steps"]
+        for m in data["metrics"]:
+            head += [f"{m}:mean", f"{m}:std", f"{m}:n", f"{m}:best:mean", f"{m}:best:std"]
+        writer.writerow(head)
+        for g in groups:
+            cells = [_cell(g["key"][k]) if g["key"][k] is not None else "" for k in keys]
+            cells += [g["n"], g["steps"]["mean"]]
+            for m in data["metrics"]:
+                last, best = g["metrics"][m]["last"], g["metrics"][m]["best"]
+                cells += [last["mean"], last["std"], last["n"], best["mean"], best["std"]]
+            writer.writerow(["" if c is None else c for c in cells])
+        click.echo(out.getvalue(), nl=False)
+        return
+    if not groups:
+        click.echo("No runs yet: commit a snapshot first")
+        return
+    metrics = _table_metrics(data, chosen)
+    headers = [*keys, "runs", "steps"]
+    for m in metrics:
+        headers += [m, f"{m}:best"]
+    rows = []
+    for g in groups:
+        cells = [_cell(g["key"][k]) for k in keys]
+        cells += [str(g["n"]), fmt_num(g["steps"]["mean"])]
+        for m in metrics:
+            cells += [_mean_std(g["metrics"][m]["last"], g["n"]),
+                      _mean_std(g["metrics"][m]["best"], g["n"])]
+        rows.append(cells)
+    text = table(headers, rows)
+    if sys.stdout.isatty():
+        first, _, rest = text.partition("\n")
+        text = click.style(first, bold=True) + "\n" + rest
+    click.echo(text)
+    hidden = len(data["metrics"]) - len(metrics)
+    click.echo("mean +- sample std over the runs of each group (last and best values)"
+               + (f"; {len(metrics)} of {len(data['metrics'])} metrics shown (--metrics a,b)"
+                  if hidden > 0 else ""), err=True)
 
 
 def _csv(data: dict[str, Any]) -> str:

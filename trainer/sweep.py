@@ -510,26 +510,26 @@ def _report(job: Job, total: int) -> None:
 @click.command("sweep", context_settings={**HELP, "ignore_unknown_options": True})
 @click.argument("name")
 @click.option("--grid", "grid_specs", multiple=True, metavar="KEY=V1,V2",
-              help="config values to try, every combination with every other --grid "
-                   "(repeatable)")
+              help="Config values to try, in every combination with every other --grid "
+                   "(repeatable).")
 @click.option("--random", "random_specs", multiple=True, metavar="KEY=DIST:ARGS",
-              help="a value drawn per trial: uniform:LOW,HIGH, loguniform:LOW,HIGH, "
-                   "int:LOW,HIGH or choice:A,B,... (repeatable; with --trials)")
+              help="A value drawn per trial: uniform:LOW,HIGH, loguniform:LOW,HIGH, "
+                   "int:LOW,HIGH or choice:A,B,... (repeatable; with --trials).")
 @click.option("--trials", type=click.IntRange(min=1), default=None,
-              help="random configurations to draw [with --random: 8]")
+              help="Random configurations to draw [with --random: 8].")
 @click.option("--sampler-seed", type=int, default=0, show_default=True,
-              help="seeds the draws of --random (the same seed draws the same trials)")
+              help="Seeds the draws of --random (the same seed draws the same trials).")
 @click.option("--seeds", "seeds_text", default="1", show_default=True, metavar="N|A,B",
-              help="seeds of every configuration: a count (3: seeds 1, 2, 3) or a list")
+              help="Seeds of every configuration: a count (3: seeds 1, 2, 3) or a list.")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
-              help="agent-steps of every trial (a larger total on a finished sweep "
-                   "continues its trials)")
+              help="Agent-steps of every trial (a larger total on a finished sweep "
+                   "continues its trials).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="trials running at a time (each a `vrl train` process)")
+              help="Trials running at a time (each a `vrl train` process).")
 @click.option("--resume", is_flag=True,
-              help="continue sweep NAME as it was defined: skip finished trials, continue "
-                   "unfinished ones")
-@click.option("--dry-run", is_flag=True, help="print the trials and their commands only")
+              help="Continue sweep NAME as it was defined: skip finished trials, continue "
+                   "unfinished ones.")
+@click.option("--dry-run", is_flag=True, help="Print the trials and their commands only.")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
           trials: int | None, sampler_seed: int, seeds_text: str, steps: int | None,

@@ -222,3 +222,20 @@ def test_a_clone_names_the_forks_of_its_remote(ws, capsys):
     code, out, err = vrl(capsys, "log", "--oneline", "-n", "1", "lr-low")
     assert out == (f"{fork[:12]} (lr-low, origin/lr-low) fork [forked from main at step 1 "
                    f"({ids[1][:12]}); lr 0.1 -> 0.01]\n"), err
+
+
+def test_the_trunk_that_went_on_after_a_branch_was_made_is_no_fork(ws, capsys):
+    """git's everyday branching: `checkout -b lr-low` at main's snapshot, commit there
+    first, then main goes on. The reflogs say which ref was there: lr-low forked from main,
+    whatever the times of their next commits say."""
+    repo = Repo.init(ws)
+    base = repo.commit(state(0), env=False, step=0, time=at(0), message="base")
+    repo.checkout("main", create_branch="lr-low")
+    low = repo.commit(state(1), env=False, step=1, time=at(1), message="low")
+    repo.checkout("main")
+    repo.commit(state(2), env=False, step=1, time=at(2), message="main 1")
+    code, out, err = vrl(capsys, "log", "--oneline", "main")
+    assert code == 0 and "[" not in out, out
+    code, out, _ = vrl(capsys, "log", "--oneline", "lr-low")
+    assert out.splitlines()[0] == (f"{low[:12]} (lr-low) low [forked from main at step 0 "
+                                   f"({base[:12]})]")

@@ -298,7 +298,7 @@ def test_log_graph_draws_an_octopus_merge(forked, capsys):
     assert out.splitlines() == [
         f"*-.   {octo[:12]} (HEAD -> main) octopus",
         "|\\ \\",
-        f"| | * {side[:12]} (side) side [forked from exp at step 0 ({s['base']})]",
+        f"| | * {side[:12]} (side) side [forked from main at step 0 ({s['base']})]",
         f"| * | {s['e2']} (exp) e2",
         f"* | | {s['m2']} m2",
         f"| * | {s['e1']} (tag: best) e1 " + FORK_NOTE.format(**s),

@@ -166,19 +166,24 @@ def _matching(repo: Repo, pattern: str) -> list[tuple[str, str | None, ObjectId]
     return found
 
 
-def _branch_points(history: History, heads: list[ObjectId], names: list[str]
+def _branch_points(history: History, heads: list[ObjectId], names: list[str],
+                   went_on: Sequence[Callable[[int], bool] | None] | None = None
                    ) -> list[dict[str, Any] | None]:
     """Where each run left the run it was branched from.
 
     Two lines share a prefix; after their last common commit both may continue. The one
     whose next snapshot came later is the branch (the other was there first); a line
     that ends at a commit of another line continued nothing. The newest such point wins
-    (a branch of a branch points at the branch it came from, not at the trunk)."""
+    (a branch of a branch points at the branch it came from, not at the trunk); of runs
+    that left one point, the one that went on from it first was there first (the trunk a
+    third run left too). `went_on[r](i)`, where a run's reflog tells (see `_went_on`):
+    whether run r went on from its snapshot at i rather than leaving another run there;
+    it decides before the times do."""
     lines = [history.line(h) for h in heads]
     positions = [{oid: i for i, oid in enumerate(line)} for line in lines]
     out: list[dict[str, Any] | None] = []
     for r, line in enumerate(lines):
-        best: tuple[int, int] | None = None  # (index in line, other run)
+        best: tuple[int, str, int] | None = None  # (index in line, its next time, run)
         for s, other in enumerate(positions):
             if s == r or lines[s][-1] == line[-1]:
                 continue
@@ -188,17 +193,22 @@ def _branch_points(history: History, heads: list[ObjectId], names: list[str]
             if i < 0 or i == len(line) - 1:  # unrelated, or wholly inside the other
                 continue
             j = other[line[i]]
+            theirs = ""  # (a line that ends there continued nothing: it comes first)
             if j + 1 < len(lines[s]):  # both continue: the later one branched
                 mine = history.commit(line[i + 1]).time
                 theirs = history.commit(lines[s][j + 1]).time
-                if (mine, names[r]) < (theirs, names[s]):
+                ours, other_on = (went_on[r], went_on[s]) if went_on else (None, None)
+                if ours is not None and other_on is not None and ours(i) != other_on(j):
+                    if ours(i):
+                        continue  # r's ref was there and went on: s left it
+                elif (mine, names[r]) < (theirs, names[s]):
                     continue
-            if best is None or i > best[0]:
-                best = (i, s)
+            if best is None or i > best[0] or (i == best[0] and theirs < best[1]):
+                best = (i, theirs, s)
         if best is None:
             out.append(None)
         else:
-            i, s = best
+            i, _, s = best
             oid = line[i]
             commit = history.commit(oid)
             out.append({"id": oid, "run": names[s], "step": commit.step, "index": i,
@@ -250,7 +260,9 @@ def runs(repo: Repo, revs: Sequence[str] | None = None, all_tags: bool = False,
     history = History.of(repo)
     chosen = _select_runs(repo, revs, all_tags)
     heads = [oid for _, _, oid in chosen]
-    points = _branch_points(history, heads, [name for name, _, _ in chosen])
+    went_on = [_went_on(repo, ref, history.line(oid)) if ref else None
+               for _, ref, oid in chosen]
+    points = _branch_points(history, heads, [name for name, _, _ in chosen], went_on)
     out = []
     for (name, ref, oid), point in zip(chosen, points, strict=True):
         commit = history.commit(oid)
@@ -787,13 +799,15 @@ def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
     chosen = _select_runs(repo, None, False)
     lines = {name: history.line(oid) for name, _, oid in chosen}
     places = {name: {oid: i for i, oid in enumerate(line)} for name, line in lines.items()}
-    went_on = {name: _went_on(repo, ref, lines[name]) for name, ref, _ in chosen
-               if ref is not None}
+    went_on = {name: _went_on(repo, ref, lines[name]) if ref is not None else None
+               for name, ref, _ in chosen}
     runs = [(name, oid) for name, _, oid in chosen
             if not any(head != oid and oid in places[other] and
-                       other in went_on and went_on[other](places[other][oid])
+                       went_on[other] is not None and
+                       went_on[other](places[other][oid])  # type: ignore[misc]
                        for other, _, head in chosen)]
-    points = _branch_points(history, [oid for _, oid in runs], [name for name, _ in runs])
+    points = _branch_points(history, [oid for _, oid in runs], [name for name, _ in runs],
+                            [went_on[name] for name, _ in runs])
     out: dict[ObjectId, dict[str, Any]] = {}
     for (name, _), point in zip(runs, points, strict=True):
         if point is not None:
@@ -803,18 +817,18 @@ def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
     return out
 
 
-def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool]:
+def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool] | None:
     """Whether the run of `ref` (its first-parent `line`) went on from its snapshot at
     index i, rather than forking there (as a function of i).
 
     The graph alone cannot tell a run that forked from another's last snapshot from one
     that went on past a branch made at its snapshot. The run's reflog can: a run whose
     ref was made before that snapshot, or by committing it, went on; one made there or
-    later (as `vrl train --from` makes a fork, or a clone) forked there. Without a
-    reflog: forked, as runs() takes it."""
+    later (as `vrl train --from` makes a fork, or a clone) forked there. None where the
+    reflog does not tell (none kept, or it starts off this line): the times decide."""
     log = repo.refs.reflog(ref)
     if not log or log[-1].new not in line:
-        return lambda i: False
+        return None
     born = line.index(log[-1].new)
     by_commit = log[-1].reason.startswith("commit")
     return lambda i: born < i or (born == i and by_commit)

@@ -518,6 +518,70 @@ def curves(repo: Repo, metric: str, revs: Sequence[str] | None = None,
     return out
 
 
+METRIC_GROUPS = ("charts", "losses", "env", "eval")
+"""The dashboard's first groups, in this order (the trainer's prefixes, as TensorBoard
+shows them); other prefixes follow by name, metrics without a prefix last."""
+
+
+def metric_groups(names: Iterable[str]) -> list[dict[str, Any]]:
+    """Metric names grouped by their prefix (the part before the first '/'):
+    [{"group": prefix, or "" for metrics without one, "metrics": [names]}], in the order
+    of `METRIC_GROUPS`, then other prefixes by name, then "" (ungrouped)."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names, key=natural_key):
+        prefix, slash, _ = name.partition("/")
+        groups.setdefault(prefix if slash else "", []).append(name)
+
+    def order(group: str) -> tuple[int, Any]:
+        if group in METRIC_GROUPS:
+            return (0, METRIC_GROUPS.index(group))
+        return (2, "") if group == "" else (1, natural_key(group))
+
+    return [{"group": g, "metrics": groups[g]} for g in sorted(groups, key=order)]
+
+
+def all_curves(repo: Repo, revs: Sequence[str] | None = None,
+               metrics: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every metric of every run in one pass over each run's line (the dashboard's data),
+    by column: {"metrics": [names, sorted naturally], "groups": `metric_groups()`,
+    "runs": [{"name", "id", "steps": [...], "seconds": [...], "values": {metric:
+    [value or None per commit]}}]}, one entry per commit of the run's first-parent line,
+    oldest first (`steps` as in `curves()`: the index where a commit has no step).
+    Non-finite values are None (a gap); `metrics` limits the names (default: all); a run
+    without a metric has no column for it."""
+    history = History.of(repo)
+    wanted = frozenset(metrics) if metrics is not None else None
+    names: set[str] = set()
+    out = []
+    # runs share their history before a branch point: each commit is read once
+    made: dict[ObjectId, tuple[int | None, float | None, dict[str, float]]] = {}
+    for name, _, oid in _select_runs(repo, revs, False):
+        line = history.line(oid)
+        rows = []
+        for cid in line:
+            held = made.get(cid)
+            if held is None:
+                commit = history.commit(cid)
+                values = {}
+                for metric, raw in commit.metrics.items():
+                    value = number(raw)
+                    if value is not None and (wanted is None or metric in wanted):
+                        values[metric] = value if math.isfinite(value) else None
+                held = made[cid] = (commit.step, seconds(commit.time), values)
+            rows.append(held)
+        mine: set[str] = set()
+        for _, _, values in rows:
+            mine.update(values)
+        names.update(mine)
+        out.append({"name": name, "id": oid,
+                    "steps": [r[0] if r[0] is not None else i for i, r in enumerate(rows)],
+                    "seconds": [r[1] for r in rows],
+                    "values": {m: [r[2].get(m) for r in rows]
+                               for m in sorted(mine, key=natural_key)}})
+    ordered = sorted(names, key=natural_key)
+    return {"metrics": ordered, "groups": metric_groups(ordered), "runs": out}
+
+
 def smooth(values: Sequence[float], weight: float) -> list[float]:
     """TensorBoard's smoothing: an exponential moving average with weight `weight` in
     [0, 1), debiased (divided by 1 - weight**n) so the first points are not pulled to 0."""

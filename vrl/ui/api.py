@@ -2,7 +2,8 @@
 the page.
 
 Routes (GET /api/NAME?query): summary, version, graph, compare, curves?metric=M&rev=R,
-heatmap?rev=R, commit?rev=R, diff?a=A&b=B. Query values are revisions and metric names
+scalars?rev=R&rev=..., heatmap?rev=R, commit?rev=R, diff?a=A&b=B; and one binary route,
+gif?rev=R (a commit's eval GIF, see `eval_gif`). Query values are revisions and metric names
 only: they go to `repo.resolve` and the views, never to the filesystem. Every string
 that may hold a URL (environment context, messages of errors) is redacted as the CLI
 does.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vrl import views
+from vrl.diff import StateLayout
 from vrl.errors import VrlError
 from vrl.history import History
 from vrl.refs import short_ref
@@ -29,6 +32,12 @@ from vrl.remote.base import redact
 from vrl.repo import Repo
 
 CACHE_SIZE = 256
+GIF_FOLDERS = ("eval", ".vrl/eval")  # under the work directory: where eval GIFs are found
+GIF_MAX_BYTES = 64 << 20
+# routes whose answers hold no NaN or infinity by construction: the check (a JSON
+# encoding of a few MB for the dashboard) is skipped
+FINITE_ROUTES = frozenset({"scalars"})
+_HEX = re.compile(r"[0-9a-f]{12,64}")
 
 
 def default_metrics(metrics: list[str]) -> dict[str, Any]:
@@ -109,6 +118,7 @@ class Api:
             "summary": self.summary, "version": lambda p: {"version": self.version()},
             "graph": self.graph, "compare": self.compare, "curves": self.curves,
             "heatmap": self.heatmap, "commit": self.commit, "diff": self.diff,
+            "scalars": self.scalars,
         }
 
     # ------------------------------------------------------------------ plumbing
@@ -132,7 +142,9 @@ class Api:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-            data = _strict(handler(params))
+            data = handler(params)
+            if route not in FINITE_ROUTES:
+                data = _strict(data)
             self._cache[key] = data
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
@@ -241,6 +253,12 @@ class Api:
             return {"name": rev, "id": self.repo.resolve(rev), "metric": metric, "points": []}
         return {"name": rev, "id": run["id"], "metric": metric, "points": run["points"]}
 
+    def scalars(self, params: dict[str, list[str]]) -> dict[str, Any]:
+        """Every metric of the runs `rev` (repeated; default: every run), by column (see
+        `views.all_curves`): the dashboard draws all its cards from this one answer."""
+        revs = [r for r in params.get("rev", []) if r]
+        return views.all_curves(self.repo, revs or None)
+
     def heatmap(self, params: dict[str, list[str]]) -> dict[str, Any]:
         data = views.layer_heatmap(self.repo, _one(params, "rev"))
         # three significant digits are all a colour shows: a third of the bytes to send
@@ -254,34 +272,78 @@ class Api:
     def commit(self, params: dict[str, list[str]]) -> dict[str, Any]:
         d = views.commit_detail(self.repo, _one(params, "rev"))
         frozen = set(d["frozen_layers"])
-        layers = _layer_rows(d["diff"], frozen)
+        layers = _layer_rows(d["diff"], frozen, self.repo.read_commit(d["id"]).meta)
         return {"id": d["id"], "parents": d["parents"], "refs": self.labels().get(d["id"], []),
                 "message": d["message"], "author": d["author"], "time": d["time"],
                 "step": d["step"], "hparams": d["hparams"], "metrics": d["metrics"],
                 "env": [{"key": k, "value": v} for k, v in _redacted(d["env"]).items()],
                 "meta": [{"key": k, "value": v} for k, v in _redacted(d["meta"]).items()],
                 "frozen": sorted(frozen), "layers": layers,
-                "summary": d["diff"].get("summary") if d["diff"] else None}
+                "summary": d["diff"].get("summary") if d["diff"] else None,
+                "gif": self.eval_gif(d["id"]) is not None}
+
+    def gif_file(self, rev: str) -> Path | None:
+        """`eval_gif` for the server (serialised with the other calls)."""
+        with self._lock:
+            return self.eval_gif(rev)
+
+    def eval_gif(self, rev: str) -> Path | None:
+        """The eval GIF of commit `rev`, if there is one: `eval/ID.gif` or
+        `.vrl/eval/ID.gif` in the work directory, ID the commit's full id or its first 12
+        hex digits (as `vrl eval REV --gif eval/ID.gif` writes it; the trainer titles its
+        frames with those 12). The path is made from the resolved id only, never from
+        request text, and must be a regular file inside that folder that starts as a GIF
+        does."""
+        oid = self.repo.resolve(rev)
+        if not _HEX.fullmatch(oid):
+            return None
+        for folder in GIF_FOLDERS:
+            base = (self.repo.workdir / folder).resolve()
+            for name in (oid, oid[:12]):
+                path = (base / f"{name}.gif").resolve()
+                try:
+                    if path.parent != base or not path.is_file() or \
+                            path.stat().st_size > GIF_MAX_BYTES:
+                        continue
+                    with path.open("rb") as f:
+                        if f.read(6) in (b"GIF87a", b"GIF89a"):
+                            return path
+                except OSError:
+                    continue
+        return None
 
     def diff(self, params: dict[str, list[str]]) -> dict[str, Any]:
         d = views.diff(self.repo, _one(params, "a"), _one(params, "b"))
         return {"a": d["a"], "b": d["b"],
                 "hparams": [h for h in d["hparams"] if h["status"] != "same"],
                 "metrics": d["metrics"],
-                "layers": _layer_rows(d["diff"], set()) if d["diff"] else None,
+                "layers": _layer_rows(d["diff"], set(), self.repo.read_commit(d["b"]).meta)
+                if d["diff"] else None,
                 "summary": d["diff"].get("summary") if d["diff"] else None,
                 "error": redact(d["error"]) if d["error"] else None}
 
 
-def _layer_rows(diff: dict[str, Any] | None, frozen: set[str]) -> list[dict[str, Any]]:
-    """The `vrl diff` layer table as rows (frozen marked)."""
+def _layer_rows(diff: dict[str, Any] | None, frozen: set[str],
+                meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The `vrl diff` layer table as rows, in the CLI's order (`render_diff`): model
+    layers, then optimizer state (each with the parameter it belongs to, from the
+    layout the new commit's metadata declares), then other state; frozen marked. Each
+    row's `kind` is "model", "optimizer" or "other" (always "model" for a plain state
+    dict) and `label` the name the CLI prints (a model layer without the model prefix)."""
     if not diff:
         return []
+    names = sorted(diff.get("layers", {}), key=views.natural_key)
+    layout = StateLayout.derive(names, meta)
     rows = []
-    for name, layer in sorted(diff.get("layers", {}).items(),
-                              key=lambda item: views.natural_key(item[0])):
+    for name in names:
+        layer = diff["layers"][name]
+        kind = layout.kind(name)
         shapes = layer.get("shapes") or []
-        rows.append({"layer": name, "status": layer.get("status"), "rel": layer.get("rel"),
+        prefix = layout.model_prefix
+        rows.append({"layer": name, "kind": kind,
+                     "label": name[len(prefix):] if prefix and kind == "model" else name,
+                     "parameter": layout.parameter(name) if kind == "optimizer" else None,
+                     "status": layer.get("status"), "rel": layer.get("rel"),
                      "max_abs": layer.get("max_abs"), "material": bool(layer.get("material")),
                      "shape": ", ".join("x".join(str(d) for d in s) or "scalar"
                                         for s in shapes[:3]) + (" ..." if len(shapes) > 3 else ""),
@@ -289,4 +351,6 @@ def _layer_rows(diff: dict[str, Any] | None, frozen: set[str]) -> list[dict[str,
                      # snapshot's tree (model/actor.0)
                      "frozen": name in frozen or name.rpartition("/")[2] in frozen or
                      any(name.endswith("/" + f) for f in frozen if "/" in f)})
+    order = {"model": 0, "optimizer": 1, "other": 2}
+    rows.sort(key=lambda r: order[r["kind"]])  # stable: natural order within a kind
     return rows

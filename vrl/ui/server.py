@@ -82,6 +82,8 @@ class Handler(BaseHTTPRequestHandler):
             name, ctype = ASSETS[url.path]
             extra = {"Cache-Control": "no-cache"}
             self._send(HTTPStatus.OK, self.server.assets[name], ctype, body, extra)
+        elif url.path == "/api/gif":
+            self._gif(url.query, body)
         elif url.path.startswith("/api/"):
             self._api(url.path[len("/api/"):], url.query, body)
         else:
@@ -102,6 +104,20 @@ class Handler(BaseHTTPRequestHandler):
             status = HTTPStatus.INTERNAL_SERVER_ERROR
         payload = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
         self._send(status, payload, "application/json", body, {"Cache-Control": "no-store"})
+
+    def _gif(self, query: str, body: bool) -> None:
+        """A commit's eval GIF (`Api.eval_gif`: found by the resolved commit id, never by
+        a path from the request)."""
+        rev = (parse_qs(query).get("rev") or [""])[-1]
+        try:
+            path = self.server.api.gif_file(rev) if rev else None
+            data = path.read_bytes() if path is not None else None
+        except (VrlError, OSError):
+            data = None
+        if data is None:
+            self._send(HTTPStatus.NOT_FOUND, b"no eval GIF\n", "text/plain", body)
+        else:
+            self._send(HTTPStatus.OK, data, "image/gif", body, {"Cache-Control": "no-cache"})
 
     def _send(self, status: int, payload: bytes, ctype: str, body: bool,
               extra: dict[str, str] | None = None) -> None:

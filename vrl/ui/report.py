@@ -57,6 +57,9 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
             key = _key("curves", metric=metric, rev=name)
             out[key] = _share_prefix(curve, stored)
             stored.append((key, curve["points"]))
+    # the dashboard: every metric of every run, the page picks the runs shown
+    out["scalars"] = views.all_curves(repo, names) if names else \
+        {"metrics": [], "groups": [], "runs": []}
     for name in names:
         out[_key("heatmap", rev=name)] = api.get("heatmap", {"rev": [name]})
     for oid in _commit_pages(repo, graph["commits"], [r["id"] for r in runs]):

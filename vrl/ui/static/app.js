@@ -281,6 +281,131 @@
     state.curvesAt = performance.now();
   }
 
+  // ------------------------------------------------------------------ scalars dashboard
+  // every metric as a small chart (a card), grouped by prefix as TensorBoard does; one
+  // run selector and one smoothing slider for all cards; the data is one /api/scalars
+  // answer (every metric of the chosen runs, by column)
+  function runPicker(onchange) {
+    return Object.keys(state.summary.branches).map((b) => el("label", { title: b },
+      el("input", { type: "checkbox", class: "run-pick", value: b, checked: state.runs.includes(b),
+        onchange: (ev) => {
+          state.runs = ev.target.checked ? state.runs.concat([b]) : state.runs.filter((r) => r !== b);
+          onchange(); } }),
+      el("span", { class: "swatch", style: "background:" + colorOf(b) }), b));
+  }
+  function smoothSlider(onchange) {
+    return [el("input", { type: "range", id: "smooth", min: 0, max: 0.99, step: 0.01, value: state.smooth,
+      oninput: (ev) => { state.smooth = Number(ev.target.value);
+        document.getElementById("smooth-value").textContent = state.smooth.toFixed(2);
+        onchange(); } }),
+      el("span", { id: "smooth-value", class: "muted", text: state.smooth.toFixed(2) })];
+  }
+  async function viewScalars() {
+    const s = state.summary;
+    if (!state.runs) state.runs = Object.keys(s.branches).slice(0, 10);
+    const grid = el("div", { id: "scalars", class: "scalars" });
+    const filter = el("input", { type: "search", id: "scalar-filter", placeholder: "filter metrics (regex)",
+      value: state.scalarFilter || "", oninput: (ev) => { state.scalarFilter = ev.target.value; filterCards(grid); } });
+    const side = el("div", { class: "side" },
+      el("h3", { text: "Runs" }), runPicker(() => drawScalars(grid)),
+      el("h3", { text: "Smoothing" }), smoothSlider(() => resmooth(grid)),
+      el("h3", { text: "Metrics" }), filter);
+    main.replaceChildren(el("h1", { text: "Scalars" }),
+      s.metrics.length ? el("div", { class: "layout" }, side, grid)
+        : el("p", { class: "muted", text: "No metrics recorded yet." }));
+    if (s.metrics.length) await drawScalars(grid);
+  }
+  let scalarTicket = 0;
+  async function drawScalars(grid) {
+    const ticket = ++scalarTicket;
+    const runs = state.runs.slice();
+    // a report holds every run's answer once; the server answers for the chosen runs
+    const data = REPORT ? await api("scalars") : runs.length ? await api("scalars", { rev: runs }) : { runs: [], groups: [] };
+    if (ticket !== scalarTicket) return;  // a newer selection replaced this one
+    const chosen = data.runs.filter((r) => runs.includes(r.name));
+    const names = new Set(chosen.flatMap((r) => Object.keys(r.values)));
+    for (const card of state.cards || []) card.chart.destroy();
+    state.cards = [];
+    state.scalarsData = chosen;
+    grid.replaceChildren();
+    grid.dataset.runs = JSON.stringify(chosen.map((r) => r.name));
+    if (!chosen.length) { grid.append(el("p", { class: "muted", text: "Pick a run." })); return; }
+    state.collapsed = state.collapsed || {};
+    for (const group of data.groups) {
+      const metrics = group.metrics.filter((m) => names.has(m));
+      if (!metrics.length) continue;
+      const cards = el("div", { class: "cards" });
+      const box = el("details", { class: "group", "data-group": group.group, open: !state.collapsed[group.group],
+        ontoggle: (ev) => { state.collapsed[group.group] = !ev.target.open; } },
+        el("summary", {}, el("span", { class: "group-name", text: group.group || "other" }),
+          el("span", { class: "muted", text: ` ${metrics.length}` })), cards);
+      grid.append(box);
+      for (const metric of metrics) scalarCard(metric, chosen, cards);
+    }
+    filterCards(grid);
+    grid.dataset.smooth = String(state.smooth);
+  }
+  function cardTables(metric, runs) {
+    // per run [steps, values] sorted by step, a step logged twice keeping its last value
+    return runs.filter((r) => r.values[metric]).map((r) => {
+      const pairs = r.steps.map((x, i) => [x, r.values[metric][i]]).filter((p) => isNum(p[0]) && p[1] !== null)
+        .sort((a, b) => a[0] - b[0]);
+      const xs = [], ys = [];
+      for (const [x, y] of pairs) {
+        if (xs.length && xs[xs.length - 1] === x) { ys[ys.length - 1] = y; continue; }
+        xs.push(x); ys.push(y);
+      }
+      return { name: r.name, xs: xs, ys: ys };
+    }).filter((t) => t.xs.length);
+  }
+  function joined(tables) {
+    return uPlot.join(tables.map((t) => [t.xs, smooth(t.ys, state.smooth)]));
+  }
+  function scalarCard(metric, runs, parent) {
+    const tables = cardTables(metric, runs);
+    const plot = el("div", { class: "card-plot" });
+    const card = el("div", { class: "card", "data-metric": metric, "data-series": tables.length },
+      el("div", { class: "card-title", title: metric, text: metric }), plot);
+    parent.append(card);  // first: the chart takes the card's width
+    if (!tables.length) { plot.append(el("p", { class: "muted", text: "no values" })); return; }
+    const tip = document.getElementById("tooltip");
+    const chart = new uPlot({
+      width: Math.max(240, (plot.clientWidth || 330) - 4), height: 190, legend: { show: false },
+      scales: { x: { time: false } },
+      series: [{ label: "step" }].concat(tables.map((t) => ({ label: t.name, stroke: colorOf(t.name),
+        width: 1.6, spanGaps: true, points: { show: t.xs.length < 30 } }))),
+      axes: [{ size: 28, font: "10px sans-serif" }, { size: 52, font: "10px sans-serif" }],
+      cursor: { drag: { x: true, y: false } },
+      hooks: { setCursor: [(u) => {
+        const i = u.cursor.idx;
+        if (i === null || i === undefined || u.cursor.left < 0) { tip.hidden = true; return; }
+        const lines = [metric, "step " + fmt(u.data[0][i])];
+        for (let k = 1; k < u.series.length; k++) {
+          const v = u.data[k][i];
+          if (isNum(v)) lines.push(`${u.series[k].label}  ${fmt(v)}`);
+        }
+        const r = u.over.getBoundingClientRect();
+        tip.textContent = lines.join("\n");
+        tip.style.left = r.left + u.cursor.left + 14 + "px"; tip.style.top = r.top + u.cursor.top + 14 + "px";
+        tip.hidden = false;
+      }] },
+    }, joined(tables), plot);
+    chart.over.addEventListener("mouseleave", () => { tip.hidden = true; });
+    state.cards.push({ metric: metric, chart: chart, tables: tables });
+  }
+  function resmooth(grid) {
+    for (const card of state.cards || []) card.chart.setData(joined(card.tables));
+    grid.dataset.smooth = String(state.smooth);
+  }
+  function filterCards(grid) {
+    let re = null;
+    try { re = state.scalarFilter ? new RegExp(state.scalarFilter, "i") : null; } catch (err) { re = null; }
+    grid.querySelectorAll(".card").forEach((c) => { c.hidden = re !== null && !re.test(c.dataset.metric); });
+    grid.querySelectorAll("details.group").forEach((g) => {
+      g.hidden = !g.querySelector(".card:not([hidden])");
+    });
+  }
+
   // ------------------------------------------------------------------ compare
   async function viewCompare() {
     const data = await api("compare");
@@ -509,7 +634,7 @@
   }
 
   // ------------------------------------------------------------------ router and live updates
-  const VIEWS = { "": viewGraph, curves: viewCurves, compare: viewCompare, commit: viewCommit,
+  const VIEWS = { "": viewGraph, scalars: viewScalars, curves: viewCurves, compare: viewCompare, commit: viewCommit,
                   diff: viewDiff, heatmap: viewHeatmap };
   async function render() {
     const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);

@@ -437,8 +437,91 @@
           draw(); } }), " " + m))));
     main.replaceChildren(el("h1", { text: "Compare runs" }),
       el("p", { class: "muted", text: `One row per run (branch head): the ${data.params.length} hyperparameters that differ between the rows, then metrics (last value and best). Click a column to sort.` }),
-      data.metrics.length ? picker : null, out);
+      data.metrics.length ? picker : null, out,
+      data.rows.length && data.metrics.length ? scatterSection(data) : null);
     draw();
+  }
+
+  // hyperparameter (x) against a metric's last value (y), one dot per run
+  function scatterSection(data) {
+    const xs = data.params.concat(["step", "snapshots"]);
+    if (!state.scatterX || !xs.includes(state.scatterX)) state.scatterX = xs[0];
+    if (!state.scatterY || !data.metrics.includes(state.scatterY)) {
+      state.scatterY = data.metrics.includes(state.summary.default_metric) ? state.summary.default_metric : data.metrics[0];
+    }
+    const plot = el("div", { id: "scatter", class: "scatter" });
+    const pick = (id, list, key) => el("select", { id: id, onchange: (ev) => { state[key] = ev.target.value; drawScatter(plot, data); } },
+      list.map((v) => el("option", { value: v, text: v, selected: v === state[key] })));
+    const box = el("div", {}, el("h2", { text: "Hyperparameter vs metric" }),
+      el("div", { class: "toolbar" }, "x", pick("scatter-x", xs, "scatterX"),
+        "y (last value)", pick("scatter-y", data.metrics, "scatterY")), plot);
+    drawScatter(plot, data);
+    return box;
+  }
+  function drawScatter(plot, data) {
+    const NS = "http://www.w3.org/2000/svg";
+    const xKey = state.scatterX, yKey = state.scatterY;
+    const xOf = (r) => (xKey === "step" || xKey === "snapshots" ? r[xKey] : r.hparams[xKey]);
+    const pts = data.rows.map((r) => ({ name: r.name, id: r.id, x: xOf(r),
+      y: r.metrics[yKey] ? r.metrics[yKey][0] : null })).filter((p) => p.x !== undefined && p.x !== null && isNum(p.y));
+    // numbers on a linear (or, spanning decades, log) axis; anything else by category
+    const numeric = pts.every((p) => isNum(p.x));
+    const cats = numeric ? [] : [...new Set(pts.map((p) => fmt(p.x)))].sort();
+    const xv = (p) => (numeric ? p.x : cats.indexOf(fmt(p.x)));
+    const W = 640, H = 320, L = 64, R = 16, T = 12, B = 40;
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("width", W); svg.setAttribute("height", H);
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const add = (tag, attrs, text) => {
+      const n = document.createElementNS(NS, tag);
+      for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+      if (text !== undefined) n.textContent = text;
+      svg.append(n);
+      return n;
+    };
+    plot.replaceChildren(svg);
+    plot.dataset.points = pts.length;
+    if (!pts.length) { plot.replaceChildren(el("p", { class: "muted", text: "no run has both values" })); return; }
+    const xsv = pts.map(xv), ysv = pts.map((p) => p.y);
+    const log = numeric && Math.min(...xsv) > 0 && Math.max(...xsv) / Math.min(...xsv) >= 100;
+    const tx = (v) => (log ? Math.log10(v) : v);
+    let [x0, x1] = [Math.min(...xsv.map(tx)), Math.max(...xsv.map(tx))];
+    let [y0, y1] = [Math.min(...ysv), Math.max(...ysv)];
+    if (!numeric) { x0 = -0.5; x1 = cats.length - 0.5; }
+    if (x0 === x1) { x0 -= 1; x1 += 1; }
+    if (y0 === y1) { y0 -= 1; y1 += 1; }
+    const padX = numeric ? (x1 - x0) * 0.06 : 0, padY = (y1 - y0) * 0.08;
+    x0 -= padX; x1 += padX; y0 -= padY; y1 += padY;
+    const sx = (v) => L + (tx(v) - x0) / (x1 - x0) * (W - L - R);
+    const sxc = (i) => L + (i - x0) / (x1 - x0) * (W - L - R);
+    const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+    add("rect", { x: L, y: T, width: W - L - R, height: H - T - B, fill: "none", stroke: "#d0d7de" });
+    for (let k = 0; k <= 4; k++) {  // y ticks
+      const v = y0 + (y1 - y0) * k / 4;
+      add("line", { x1: L, x2: W - R, y1: sy(v), y2: sy(v), stroke: "#eaeef2" });
+      add("text", { x: L - 6, y: sy(v) + 4, "text-anchor": "end", class: "tick" }, fmt(Number(v.toPrecision(3))));
+    }
+    const ticks = numeric ? [0, 1, 2, 3, 4].map((k) => (log ? Math.pow(10, x0 + (x1 - x0) * k / 4) : x0 + (x1 - x0) * k / 4)) : cats;
+    ticks.forEach((t, k) => {
+      const x = numeric ? sx(t) : sxc(k);
+      add("text", { x: x, y: H - B + 16, "text-anchor": "middle", class: "tick" }, numeric ? fmt(Number(t.toPrecision(3))) : t);
+    });
+    add("text", { x: L + (W - L - R) / 2, y: H - 6, "text-anchor": "middle", class: "axis" }, xKey + (log ? " (log)" : ""));
+    add("text", { x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle", class: "axis",
+                  transform: `rotate(-90 12 ${T + (H - T - B) / 2})` }, yKey);
+    for (const p of pts) {
+      const cx = numeric ? sx(p.x) : sxc(xv(p)), cy = sy(p.y);
+      const a = document.createElementNS(NS, "a");
+      a.setAttribute("href", "#/commit/" + p.id);
+      const dot = document.createElementNS(NS, "circle");
+      dot.setAttribute("cx", cx); dot.setAttribute("cy", cy); dot.setAttribute("r", 6);
+      dot.setAttribute("fill", colorOf(p.name)); dot.setAttribute("class", "dot");
+      dot.setAttribute("data-run", p.name);
+      const title = document.createElementNS(NS, "title");
+      title.textContent = `${p.name}\n${xKey} = ${fmt(p.x)}\n${yKey} = ${fmt(p.y)}`;
+      dot.append(title); a.append(dot); svg.append(a);
+      if (pts.length <= 24) add("text", { x: cx + 8, y: cy - 6, class: "label" }, p.name);
+    }
   }
 
   // ------------------------------------------------------------------ commit page

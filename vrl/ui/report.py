@@ -19,6 +19,7 @@ from vrl import views
 from vrl.history import History
 from vrl.repo import Repo
 from vrl.ui.api import Api, default_metrics
+from vrl.ui.firstpaint import page as first_paint
 from vrl.ui.server import asset
 
 MAX_COMMIT_PAGES = 300
@@ -131,7 +132,8 @@ def render(repo: Repo, revs: Sequence[str]) -> str:
     """The report as one HTML document."""
     data = {"created": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "api": bundle(repo, revs)}
-    page = asset("index.html").decode()
+    page = first_paint(asset("index.html").decode(), summary=data["api"]["summary"],
+                       compare=data["api"]["compare"])
     css = asset("vendor/uPlot.min.css").decode() + "\n" + asset("app.css").decode()
     css = css.replace("</", "<\\/")
     licence = asset("vendor/uPlot.LICENSE").decode()

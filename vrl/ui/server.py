@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from vrl.errors import VrlError
 from vrl.ui.api import Api, ApiError
+from vrl.ui.firstpaint import page
 
 STATIC = resources.files("vrl.ui") / "static"
 
@@ -78,7 +79,11 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.FORBIDDEN, b"unexpected Host header\n", "text/plain", body)
             return
         url = urlsplit(self.path)
-        if url.path in ASSETS:
+        if url.path == "/":  # the page, with the runs table already in it (first paint)
+            text = page(self.server.assets["index.html"].decode(), self.server.api)
+            self._send(HTTPStatus.OK, text.encode(), ASSETS["/"][1], body,
+                       {"Cache-Control": "no-cache"})
+        elif url.path in ASSETS:
             name, ctype = ASSETS[url.path]
             extra = {"Cache-Control": "no-cache"}
             self._send(HTTPStatus.OK, self.server.assets[name], ctype, body, extra)
@@ -147,6 +152,13 @@ class UiServer(ThreadingHTTPServer):
 
             self.address_family = socket.AF_INET6
         super().__init__((host, port), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a browser that went away mid-answer (a page closed, a screenshot taken) is no
+        # error worth a traceback
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:

@@ -325,7 +325,7 @@ api = Api(repo)
 for route, params in [("summary", {{}}), ("graph", {{}}), ("compare", {{}}),
                       ("curves", {{"metric": ["return"], "rev": ["exp"]}}),
                       ("commit", {{"rev": ["exp"]}}), ("heatmap", {{"rev": ["main"]}}),
-                      ("diff", {{"a": ["main~1"], "b": ["main"]}})]:
+                      ("diff", {{"a": ["main~1"], "b": ["main"]}}), ("scalars", {{}})]:
     api.get(route, params)
 render(repo, [])
 from vrl.cli import main
@@ -346,3 +346,172 @@ def test_an_empty_repository_answers_empty_views(tmp_path):
     assert api.get("graph", {})["commits"] == []
     assert api.get("compare", {})["rows"] == []
     assert '"branches":{}' in render(repo, [])
+
+
+# ---------------------------------------------------------------------------- dashboard
+
+
+def test_scalars_give_every_metric_of_the_chosen_runs_by_column(hist):
+    api = Api(hist)
+    data = api.get("scalars", {})
+    assert data["metrics"] == ["loss", "return"]
+    assert data["groups"] == [{"group": "", "metrics": ["loss", "return"]}]
+    runs = {r["name"]: r for r in data["runs"]}
+    assert list(runs) == ["exp", "main"]
+    exp = runs["exp"]
+    assert exp["id"] == hist.resolve("exp") and exp["steps"] == [10, 20, 30, 40]
+    assert exp["values"]["return"] == [0.0, 1.0, 5.0, 6.0]
+    assert exp["values"]["loss"] == [None, None, None, None]  # NaN: a gap, strict JSON
+    assert len(exp["seconds"]) == 4 and all(isinstance(t, float) for t in exp["seconds"])
+    assert "loss" not in runs["main"]["values"]  # a run without a metric: no column
+    # the same points as the one-metric route
+    curve = api.get("curves", {"metric": ["return"], "rev": ["exp"]})["points"]
+    pairs = zip(exp["steps"], exp["values"]["return"], strict=True)
+    assert [[p[0], p[2]] for p in curve] == [[x, v] for x, v in pairs]
+    only = api.get("scalars", {"rev": ["main"]})
+    assert [r["name"] for r in only["runs"]] == ["main"] and only["metrics"] == ["return"]
+    json.dumps(data, allow_nan=False)
+
+
+def test_metric_groups_follow_the_trainers_prefixes_then_names_then_ungrouped():
+    from vrl.views import metric_groups
+
+    names = ["zeta", "losses/value_loss", "eval/return", "custom/x", "charts/sps",
+             "env/deliveries", "charts/episodic_return", "a/b", "losses/entropy"]
+    assert metric_groups(names) == [
+        {"group": "charts", "metrics": ["charts/episodic_return", "charts/sps"]},
+        {"group": "losses", "metrics": ["losses/entropy", "losses/value_loss"]},
+        {"group": "env", "metrics": ["env/deliveries"]},
+        {"group": "eval", "metrics": ["eval/return"]},
+        {"group": "a", "metrics": ["a/b"]}, {"group": "custom", "metrics": ["custom/x"]},
+        {"group": "", "metrics": ["zeta"]}]
+
+
+def test_scalars_are_quick_on_many_runs(tmp_path):
+    """20 runs x 100 commits x 30 metrics (metadata only): well under the page's budget."""
+    import time
+
+    repo = Repo.init(tmp_path / "many")
+    names = [f"{g}/m{i}" for i, g in enumerate(["charts", "losses", "env"] * 10)]
+    s = {"w": np.zeros(2, np.float32)}
+    repo.commit(s, message="root", step=0, metrics={n: 0.0 for n in names})
+    for r in range(20):
+        repo.branch(f"r{r}", "main")
+        for i in range(100):
+            repo.commit(s, message="it", step=i + 1, ref=f"refs/heads/r{r}", allow_empty=True,
+                        metrics={n: float(i * k + r) for k, n in enumerate(names)})
+    api = Api(repo)
+    api.get("graph", {})  # as `vrl ui` warms up
+    start = time.perf_counter()
+    data = api.get("scalars", {})
+    body = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    elapsed = time.perf_counter() - start
+    assert len(data["runs"]) == 21 and len(data["metrics"]) == 30
+    assert elapsed < 1.5, elapsed  # ~0.06 s here; generous for loaded CI machines
+    assert len(body) < 2_000_000
+
+
+def training_state(scale: float) -> dict:
+    """A training snapshot as the trainer commits one: model, optimizer state, RNG."""
+    rng = np.random.default_rng(1)
+    return {"model/actor.0.weight": (rng.standard_normal((4, 3)) * scale).astype(np.float32),
+            "model/actor.0.bias": np.zeros(4, np.float32) + scale,
+            "model/critic.0.weight": rng.standard_normal((1, 4)).astype(np.float32) * scale,
+            "optimizer/state/0/exp_avg": np.full((4, 3), scale, np.float32),
+            "optimizer/state/1/exp_avg": np.full(4, scale, np.float32),
+            "optimizer/state/2/exp_avg": np.full((1, 4), scale, np.float32),
+            "rng/torch": np.arange(4, dtype=np.uint8) + int(scale * 10)}
+
+
+def test_layer_rows_are_in_the_clis_order_with_parameter_names(tmp_path):
+    from vrl.cli._common import render_diff
+
+    repo = Repo.init(tmp_path / "t")
+    layout = {"state_layout": {"model_prefix": "model/", "optimizer_params": [
+        "actor.0.weight", "actor.0.bias", "critic.0.weight"]}}
+    repo.commit(training_state(1.0), message="a", step=1, meta=layout)
+    repo.commit(training_state(2.0), message="b", step=2, meta=layout)
+    rows = Api(repo).get("commit", {"rev": ["main"]})["layers"]
+    assert [(r["kind"], r["label"]) for r in rows] == [
+        ("model", "actor.0"), ("model", "critic.0"),
+        ("optimizer", "optimizer/state/0"), ("optimizer", "optimizer/state/1"),
+        ("optimizer", "optimizer/state/2"), ("other", "rng")]
+    assert [r["parameter"] for r in rows if r["kind"] == "optimizer"] == [
+        "actor.0.weight", "actor.0.bias", "critic.0.weight"]
+    # the CLI prints the same rows in the same order
+    text = render_diff(repo.diff("main").with_layout(repo.read_commit(repo.resolve("main")).meta))
+    lines = text.splitlines()
+    at = [next(i for i, line in enumerate(lines) if line.split()[:1] == [r["label"]])
+          for r in rows]
+    assert at == sorted(at), text
+    assert "actor.0.bias" in lines[at[3]]  # the parameter beside its optimizer state
+    diff_rows = Api(repo).get("diff", {"a": ["main~1"], "b": ["main"]})["layers"]
+    assert [r["label"] for r in diff_rows] == [r["label"] for r in rows]
+
+
+GIF = (b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00"
+       b"\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;")
+
+
+def test_eval_gif_is_found_by_commit_id_only(hist, server, tmp_path):
+    exp = hist.resolve("exp")
+    assert Api(hist).get("commit", {"rev": ["exp"]})["gif"] is False
+    assert fetch(server.url + "api/gif?rev=exp")[0] == 404
+    (hist.workdir / "eval").mkdir()
+    (hist.workdir / "eval" / f"{exp[:12]}.gif").write_bytes(GIF)
+    status, headers, body = fetch(server.url + "api/gif?rev=exp")
+    assert status == 200 and headers["Content-Type"] == "image/gif" and body == GIF
+    assert Api(hist).get("commit", {"rev": ["exp"]})["gif"] is True
+    assert Api(hist).get("commit", {"rev": ["main"]})["gif"] is False
+    # (a full id works too; on .vrl/eval as well)
+    main = hist.resolve("main")
+    (hist.vrl_dir / "eval").mkdir()
+    (hist.vrl_dir / "eval" / f"{main}.gif").write_bytes(GIF)
+    assert fetch(server.url + "api/gif?rev=main")[0] == 200
+    # only files named by a resolved commit id, only GIFs, nothing through a link
+    (tmp_path / "secret.gif").write_bytes(GIF + b"secret")
+    for rev in ("../secret", "../../secret.gif", "eval/x", "%2e%2e%2fsecret", ""):
+        status, _, body = fetch(server.url + "api/gif?rev=" + rev)
+        assert status == 404 and b"secret" not in body, rev
+    first = hist.resolve("main~1")
+    (hist.workdir / "eval" / f"{first[:12]}.gif").symlink_to(tmp_path / "secret.gif")
+    assert fetch(server.url + "api/gif?rev=main~1")[0] == 404
+    (hist.workdir / "eval" / f"{first}.gif").write_bytes(b"<svg onload=alert(1)>")
+    assert fetch(server.url + "api/gif?rev=main~1")[0] == 404
+
+
+def test_first_paint_holds_the_runs_escaped(hist, server):
+    status, _, body = fetch(server.url)
+    page = body.decode()
+    assert status == 200 and "loading..." not in page
+    assert 'id="first-paint"' in page
+    for name in ("exp", "main"):
+        assert f">{name}</a>" in page
+    assert "<title>vrl \u00b7 r</title>" in page
+
+
+def test_first_paint_escapes_hostile_names_and_messages(tmp_path):
+    repo = Repo.init(tmp_path / "h")
+    evil_msg = '<img src=x onerror="alert(1)">'
+    repo.commit(state(1.0), message=evil_msg, step=1, metrics={"return": 1.0},
+                hparams={"note": "<script>alert(2)</script>"})
+    evil_branch = "<script>alert(3)</script>"  # ref names allow it
+    repo.branch(evil_branch, "main")
+    repo.commit(state(2.0), message=evil_msg, step=2, metrics={"return": 2.0},
+                hparams={"note": "<b>x</b>"}, ref=f"refs/heads/{evil_branch}")
+    srv = UiServer(Api(repo), "127.0.0.1", 0)
+    serve_in_thread(srv)
+    try:
+        page = fetch(srv.url)[2].decode()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    main = page[page.index('<main id="main">'):page.index("</main>")]
+    assert "<script" not in main and "<img" not in main and "<b>" not in main
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;" in main
+    from html import escape
+
+    assert escape(evil_branch) in main
+    report = render(repo, [])
+    body = report[report.index('<main id="main">'):report.index("</main>")]
+    assert "<script" not in body and escape(evil_branch) in body

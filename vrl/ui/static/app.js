@@ -526,16 +526,37 @@
 
   // ------------------------------------------------------------------ commit page
   function layerTable(layers) {
+    // as `vrl diff` prints it: model layers (named without the model prefix), then
+    // optimizer state with the parameter it belongs to, then other state (not a layer)
     const max = Math.max(1e-12, ...layers.map((l) => (isNum(l.rel) ? l.rel : 0)));
-    return table(["layer", "shape", "status", "rel change", "max abs", "material"],
-      layers.map((l) => ({ cls: (l.frozen ? "frozen " : "") + (l.status === "added" ? "added"
-        : l.status === "removed" ? "removed" : ""),
-        values: [el("span", { class: "layer mono", text: l.layer }), l.shape, l.status,
-          el("span", {}, el("span", { class: "bar" + (l.material ? " material" : ""),
-            style: `width:${isNum(l.rel) ? Math.max(1, 60 * Math.sqrt(l.rel / max)) : 0}px` }),
-            isNum(l.rel) ? l.rel.toExponential(2) : "-"),
-          isNum(l.max_abs) ? l.max_abs.toExponential(2) : "-", l.material ? "yes" : "no"] })),
-      { numeric: [false, false, false, true, true, false] });
+    const cls = (l) => (l.frozen ? "frozen " : "") + (l.status === "added" ? "added" : l.status === "removed" ? "removed" : "");
+    const stats = (l) => [l.shape, l.status,
+      el("span", {}, el("span", { class: "bar" + (l.material ? " material" : ""),
+        style: `width:${isNum(l.rel) ? Math.max(1, 60 * Math.sqrt(l.rel / max)) : 0}px` }),
+        isNum(l.rel) ? l.rel.toExponential(2) : "-"),
+      isNum(l.max_abs) && l.status === "changed" ? l.max_abs.toExponential(2) : "-", l.material ? "yes" : "no"];
+    const head = ["shape", "status", "rel change", "max abs", "material"];
+    const num = [false, false, true, true, false];
+    const name = (l) => el("span", { class: "layer mono", title: l.layer, text: l.label || l.layer });
+    const model = layers.filter((l) => (l.kind || "model") === "model");
+    const optim = layers.filter((l) => l.kind === "optimizer");
+    const other = layers.filter((l) => l.kind === "other");
+    if (!optim.length && !other.length && !model.some((l) => l.label && l.label !== l.layer)) {
+      return el("div", { class: "layers", "data-kinds": "model" },
+        table(["layer"].concat(head), model.map((l) => ({ cls: cls(l), values: [name(l)].concat(stats(l)) })),
+              { numeric: [false].concat(num) }));
+    }
+    const prefix = model.length && model[0].label ? model[0].layer.slice(0, model[0].layer.length - model[0].label.length) : "";
+    return el("div", { class: "layers", "data-kinds": ["model", "optimizer", "other"].filter((k) => layers.some((l) => l.kind === k)).join(",") },
+      table([`model layer (${prefix})`].concat(head), model.map((l) => ({ cls: cls(l), values: [name(l)].concat(stats(l)) })),
+            { numeric: [false].concat(num) }),
+      optim.length ? el("h3", { class: "section", text: "Optimizer state" }) : null,
+      optim.length ? table(["optimizer state", "parameter"].concat(head), optim.map((l) => ({ cls: cls(l),
+        values: [name(l), el("span", { class: "mono", text: l.parameter || "?" })].concat(stats(l)) })),
+        { numeric: [false, false].concat(num) }) : null,
+      other.length ? el("h3", { class: "section", text: "Other state (not a layer)" }) : null,
+      other.length ? table(["other state", "shape", "status"], other.map((l) => ({ cls: cls(l),
+        values: [name(l)].concat(stats(l).slice(0, 2)) }))) : null);
   }
   function kvTable(items, cols) {
     return table(cols, items.map((it) => ({ cls: it.cls || null, values: it.values })));
@@ -557,6 +578,9 @@
         c.parents.length && !REPORT ? el("dd", {}, el("a", { href: `#/diff/${c.parents[0]}/${c.id}`, text: "against parent" }))
           : null),
       el("pre", { class: "message", text: c.message || "(no message)" }),
+      c.gif && !REPORT ? el("figure", { class: "eval-gif" },
+        el("img", { id: "eval-gif", src: "/api/gif?" + qs({ rev: c.id }), alt: "eval episode of " + short(c.id) }),
+        el("figcaption", { class: "muted", text: "evaluation episode (vrl eval --gif)" })) : null,
       el("div", { class: "cols" },
         el("div", {}, el("h2", { text: "Hyperparameters" }),
           c.hparams.length ? kvTable(c.hparams.map((h) => ({ cls: h.status === "same" ? null : h.status,

@@ -64,6 +64,10 @@ def trained(tmp_path_factory):
             ["train", *SMALL, "--steps", str(7 * STEPS), "--from", "base~2",
              "--branch", "lr-high", "--set", "learning_rate=0.003"],
             ["tag", "<b>bold</b>", "lr-high~1"])
+    # an evaluation episode of lr-high's head, where the commit page finds it
+    (ws / "eval").mkdir()
+    gif = f"eval/{Repo(ws).resolve('lr-high')[:12]}.gif"
+    vrl_cli(ws, ["eval", "lr-high", "--episodes", "1", "--no-baseline", "--gif", gif])
     return ws
 
 
@@ -305,3 +309,188 @@ def test_an_empty_repository_shows_empty_pages(browser, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---------------------------------------------------------------------------- dashboard
+
+
+def test_scalars_dashboard(trained, browser, shots):
+    """Every metric a card, grouped by prefix; one run selector and one smoothing slider
+    for all cards; hover shows step and values."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    server = serve(trained)
+    try:
+        data = Api(open_repo(trained)).get("scalars", {})
+        groups = [g["group"] for g in data["groups"]]
+        assert groups[:2] == ["charts", "losses"] and len(data["metrics"]) >= 10
+        browser.get_log("browser")
+        open_view(browser, server.url + "#/scalars", "scalars")
+        cards = browser.find_elements("css selector", "#scalars .card")
+        assert [c.get_attribute("data-metric") for c in cards] == \
+            [m for g in data["groups"] for m in g["metrics"]]
+        assert [g.get_attribute("data-group") for g in
+                browser.find_elements("css selector", "#scalars details.group")] == groups
+        series = {c.get_attribute("data-metric"): int(c.get_attribute("data-series"))
+                  for c in cards}
+        assert series[METRIC] == 2 and max(series.values()) == 2
+        assert browser.execute_script("return window.__vrl.cards.length") == len(cards)
+        browser.save_screenshot(str(shots / "scalars.png"))
+
+        # hover: the step and each run's value under the cursor
+        over = browser.find_element("css selector", f"#scalars .card[data-metric='{METRIC}'] "
+                                                    ".u-over")
+        ActionChains(browser).move_to_element(over).perform()
+        tip = wait(browser, "!document.getElementById('tooltip').hidden && "
+                            "document.getElementById('tooltip').textContent")
+        assert tip.startswith(METRIC) and "step " in tip and ("base" in tip or "lr-high" in tip)
+        browser.save_screenshot(str(shots / "scalars-hover.png"))
+        ActionChains(browser).move_to_element(browser.find_element("tag name", "h1")).perform()
+
+        # one smoothing slider for every card: 0 draws the raw values
+        smoothed = browser.execute_script(
+            "return window.__vrl.cards.map((c) => c.chart.data.slice(1))")
+        browser.execute_script("const s = document.getElementById('smooth'); s.value = 0;"
+                               "s.dispatchEvent(new Event('input'));")
+        wait(browser, "document.getElementById('scalars').dataset.smooth === '0'")
+        raw = browser.execute_script(
+            "return window.__vrl.cards.map((c) => c.chart.data.slice(1))")
+        assert raw != smoothed
+        i = [c.get_attribute("data-metric") for c in cards].index(METRIC)
+        base = next(r for r in data["runs"] if r["name"] == "base")["values"][METRIC]
+        assert [v for v in raw[i][0] if v is not None] == [v for v in base if v is not None]
+
+        # one run selector for every card (and the curves view)
+        browser.find_element("css selector", "input.run-pick[value='lr-high']").click()
+        wait(browser, "document.getElementById('scalars').dataset.runs === '[\"base\"]'")
+        assert {int(c.get_attribute("data-series")) for c in
+                browser.find_elements("css selector", "#scalars .card")} <= {0, 1}
+        assert browser.execute_script("return window.__vrl.runs") == ["base"]
+        browser.find_element("css selector", "input.run-pick[value='lr-high']").click()
+        wait(browser, "document.getElementById('scalars').dataset.runs === "
+                      "'[\"base\",\"lr-high\"]'")
+
+        # groups collapse (and stay so when the page redraws)
+        losses = browser.find_element("css selector", "details.group[data-group=losses]")
+        losses.find_element("tag name", "summary").click()
+        wait(browser, "!document.querySelector('details.group[data-group=losses]').open")
+        assert not losses.find_element("css selector", ".card").is_displayed()
+        assert browser.execute_script("return window.__vrl.collapsed.losses") is True
+
+        # a filter narrows the cards
+        browser.find_element("id", "scalar-filter").send_keys("entropy")
+        wait(browser, "[...document.querySelectorAll('#scalars .card')].filter((c) => "
+                      "!c.hidden).length === 1")
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_runs_table_sorts_and_scatters_hparams_against_a_metric(trained, browser, shots):
+    from selenium.webdriver.support.ui import Select
+
+    server = serve(trained)
+    try:
+        browser.get_log("browser")
+        open_view(browser, server.url + "#/compare", "compare")
+        names = lambda: [r.text.split()[0] for r in  # noqa: E731
+                         browser.find_elements("css selector", "#compare-table tbody tr")]
+        header = [h for h in browser.find_elements("css selector", "#compare-table th")
+                  if h.text == "step"][0]
+        header.click()  # numbers: largest first
+        assert names() == ["lr-high", "base"]
+        header.click()
+        assert names() == ["base", "lr-high"]
+        assert "sorted-asc" in header.get_attribute("class")
+
+        dots = browser.find_elements("css selector", "#scatter circle.dot")
+        assert sorted(d.get_attribute("data-run") for d in dots) == ["base", "lr-high"]
+        Select(browser.find_element("id", "scatter-x")).select_by_value("learning_rate")
+        Select(browser.find_element("id", "scatter-y")).select_by_value(METRIC)
+        wait(browser, "document.getElementById('scatter').dataset.points === '2'")
+        text = browser.find_element("id", "scatter").text
+        assert "learning_rate" in text and METRIC in text
+        # the higher learning rate lies to the right
+        at = {d.get_attribute("data-run"): float(d.get_attribute("cx")) for d in
+              browser.find_elements("css selector", "#scatter circle.dot")}
+        assert at["lr-high"] > at["base"]
+        browser.execute_script("document.getElementById('scatter').scrollIntoView()")
+        browser.save_screenshot(str(shots / "scatter.png"))
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_commit_page_shows_the_eval_gif_and_layers_in_the_clis_order(trained, browser, shots):
+    server = serve(trained)
+    repo = Repo(trained)
+    try:
+        browser.get_log("browser")
+        open_view(browser, server.url + "#/commit/lr-high", "commit")
+        size = wait(browser, "(() => { const i = document.getElementById('eval-gif');"
+                             "return i && i.complete && i.naturalWidth; })()")
+        assert size > 50
+        # model layers, then optimizer state by parameter, then other state - as the CLI
+        layers = browser.find_element("css selector", ".layers")
+        assert layers.get_attribute("data-kinds") == "model,optimizer,other"
+        heads = [t.find_element("css selector", "th").text
+                 for t in layers.find_elements("css selector", "table")]
+        assert heads == ["model layer (model/)", "optimizer state", "other state"]
+        tables = layers.find_elements("css selector", "table")
+        model = [r.find_element("css selector", "td").text
+                 for r in tables[0].find_elements("css selector", "tbody tr")]
+        params = [r.find_elements("css selector", "td")[1].text
+                  for r in tables[1].find_elements("css selector", "tbody tr")]
+        assert model and all(not m.startswith("model/") for m in model)
+        assert params and all(any(p.startswith(m + ".") for m in model) for p in params), \
+            (model, params)
+        browser.save_screenshot(str(shots / "commit-gif.png"))
+        browser.execute_script("document.querySelector('.layers').scrollIntoView()")
+        browser.save_screenshot(str(shots / "commit-layers.png"))
+
+        open_view(browser, server.url + f"#/commit/{repo.resolve('base')}", "commit")
+        assert not browser.find_elements("id", "eval-gif")  # no GIF for this one
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_first_paint_shows_the_runs_without_scripts(trained, browser, shots):
+    """The page the server returns already holds the runs table: a screenshot taken
+    without waiting for any script shows it, not "loading..."."""
+    import urllib.request
+
+    from PIL import Image
+
+    server = serve(trained)
+    try:
+        page = urllib.request.urlopen(server.url, timeout=10).read().decode()
+        assert "loading..." not in page and ">base</a>" in page and ">lr-high</a>" in page
+        # as a user takes one (the scripts may or may not have run by then)...
+        subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                        "--window-size=1000,500", f"--screenshot={shots / 'first-paint.png'}",
+                        server.url], capture_output=True, timeout=120, check=True)
+        # ...and with scripts off: what the page shows before they run
+        browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+        try:
+            browser.get(server.url)
+            assert "base" in browser.find_element("id", "first-paint").text
+            browser.save_screenshot(str(shots / "first-paint-noscript.png"))
+        finally:
+            browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": False})
+            browser.get("about:blank")
+    finally:
+        server.shutdown()
+        server.server_close()
+    for name in ("first-paint.png", "first-paint-noscript.png"):
+        image = Image.open(shots / name).convert("L")
+        width, height = image.size
+        pixels = image.load()
+        # rows below the header bar holding dark text: a title, a line and a table of two
+        # runs give dozens; "loading..." gives one line (about a dozen)
+        text_rows = sum(any(pixels[x, y] < 128 for x in range(0, width, 2))
+                        for y in range(50, height))
+        assert text_rows > 40, (name, text_rows)

@@ -504,7 +504,9 @@
     const ticks = numeric ? [0, 1, 2, 3, 4].map((k) => (log ? Math.pow(10, x0 + (x1 - x0) * k / 4) : x0 + (x1 - x0) * k / 4)) : cats;
     ticks.forEach((t, k) => {
       const x = numeric ? sx(t) : sxc(k);
-      add("text", { x: x, y: H - B + 16, "text-anchor": "middle", class: "tick" }, numeric ? fmt(Number(t.toPrecision(3))) : t);
+      // (the end ticks inside the frame: their labels would be cut off at the edge)
+      const anchor = numeric && k === 0 ? "start" : numeric && k === ticks.length - 1 ? "end" : "middle";
+      add("text", { x: x, y: H - B + 16, "text-anchor": anchor, class: "tick" }, numeric ? fmt(Number(t.toPrecision(3))) : t);
     });
     add("text", { x: L + (W - L - R) / 2, y: H - 6, "text-anchor": "middle", class: "axis" }, xKey + (log ? " (log)" : ""));
     add("text", { x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle", class: "axis",

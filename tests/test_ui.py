@@ -186,6 +186,14 @@ def check_pages(driver, url, shots, runs, first_own, expected, prefix="", clone=
     wait(driver, "(document.getElementById('chart') || {dataset: {}}).dataset.metric"
                  " === 'losses/entropy' && location.hash === '#/curves/losses%2Fentropy'")
 
+    # the dashboard: a card per metric, each run in the return's
+    open_view(driver, url + "#/scalars", "scalars")
+    cards = driver.find_elements("css selector", "#scalars .card")
+    assert len(cards) >= 10
+    card = driver.find_element("css selector", f"#scalars .card[data-metric='{METRIC}']")
+    assert int(card.get_attribute("data-series")) == len(runs)
+    driver.save_screenshot(str(shots / f"{prefix}scalars.png"))
+
     # heatmap: layers x snapshots, frozen cells marked
     open_view(driver, url + "#/heatmap/base", "heatmap")
     canvas = driver.find_element("css selector", "#heatmap canvas")
@@ -369,6 +377,25 @@ def test_scalars_dashboard(trained, browser, shots):
         browser.find_element("css selector", "input.run-pick[value='lr-high']").click()
         wait(browser, "document.getElementById('scalars').dataset.runs === "
                       "'[\"base\",\"lr-high\"]'")
+
+        # a run has one colour: its cards' lines, its checkbox and its line in the graph
+        colours = browser.execute_script(
+            "return ['base', 'lr-high'].map((r) => window.__vrl.colorOf(r))")
+        assert len(set(colours)) == 2
+        chart = browser.execute_script(
+            "return window.__vrl.cards[0].chart.series.slice(1).map((s) => [s.label, "
+            "s._stroke || s.stroke])")
+        assert all(colour == colours[["base", "lr-high"].index(name)] for name, colour in chart
+                   if isinstance(colour, str)), chart
+        repo = Repo(trained)
+        open_view(browser, server.url, "graph")
+        rows = [r.get_attribute("data-id") for r in
+                browser.find_elements("css selector", "#graph .row")]
+        dots = [d.get_attribute("data-color") for d in
+                browser.find_elements("css selector", "#graph svg circle")]
+        for name, colour in zip(["base", "lr-high"], colours, strict=True):
+            assert dots[rows.index(repo.resolve(name))] == colour, name
+        open_view(browser, server.url + "#/scalars", "scalars")
 
         # groups collapse (and stay so when the page redraws)
         losses = browser.find_element("css selector", "details.group[data-group=losses]")

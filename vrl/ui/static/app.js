@@ -87,6 +87,7 @@
     for (const c of name) h = (h * 31 + c.charCodeAt(0)) >>> 0;
     return PALETTE[h % PALETTE.length];
   }
+  state.colorOf = colorOf;  // (a function: tests read a run's colour)
   function pills(refs) {
     return (refs || []).map((r) => el("span", { class: "pill " + r.kind, text: r.name }));
   }
@@ -145,26 +146,39 @@
     const w = Math.max(1, lanes) * laneW + 8, h = commits.length * rowH;
     svg.setAttribute("width", w); svg.setAttribute("height", h);
     const x = (lane) => 8 + lane * laneW, y = (r) => r * rowH + rowH / 2;
-    const laneColor = (lane) => PALETTE[lane % PALETTE.length];
+    // a lane takes the colour of the run whose head starts it (the colour the run has in
+    // every other view); a lane no branch starts keeps a colour of its own
+    const owner = {}, open = {}, colors = [];
+    const laneColor = (lane) => (owner[lane] ? colorOf(owner[lane]) : PALETTE[lane % PALETTE.length]);
+    commits.forEach((c) => {
+      const branch = (c.refs || []).find((r) => r.kind !== "tag");
+      if (open[c.lane] !== c.id) owner[c.lane] = branch ? branch.name : null;  // a lane starts here
+      colors.push(laneColor(c.lane));
+      c.parents.forEach((p, k) => {
+        const lane = c.parent_lanes[k];
+        if (k && open[lane] !== p) owner[lane] = owner[c.lane];  // a merge edge: the child's
+        open[lane] = p;
+      });
+    });
     const row = new Map(commits.map((c, i) => [c.id, i]));
-    const line = (d, lane) => {
+    const line = (d, color) => {
       const path = document.createElementNS(NS, "path");
       path.setAttribute("d", d); path.setAttribute("fill", "none");
-      path.setAttribute("stroke", laneColor(lane)); path.setAttribute("stroke-width", "2");
+      path.setAttribute("stroke", color); path.setAttribute("stroke-width", "2");
       svg.append(path);
     };
     commits.forEach((c, i) => {
       const x0 = x(c.lane), y0 = y(i);
       c.parents.forEach((p, k) => {
         const r1 = row.get(p), lane = c.parent_lanes[k];
-        if (r1 === undefined) { line(`M${x0},${y0} L${x0},${y0 + rowH / 2}`, c.lane); return; }
+        if (r1 === undefined) { line(`M${x0},${y0} L${x0},${y0 + rowH / 2}`, colors[i]); return; }
         const xl = x(lane), x1 = x(commits[r1].lane);
         let d = `M${x0},${y0}`;
         if (xl !== x0) d += ` C${x0},${y0 + rowH * 0.6} ${xl},${y0 + rowH * 0.4} ${xl},${y0 + rowH}`;
         if (xl !== x1 && r1 > i + 1) {
           d += ` L${xl},${y(r1) - rowH} C${xl},${y(r1) - rowH * 0.4} ${x1},${y(r1) - rowH * 0.6} ${x1},${y(r1)}`;
         } else d += ` L${x1},${y(r1)}`;
-        line(d, lane);
+        line(d, colors[i]);
       });
     });
     commits.forEach((c, i) => {
@@ -172,8 +186,9 @@
       const labelled = c.refs && c.refs.length;
       dot.setAttribute("cx", x(c.lane)); dot.setAttribute("cy", y(i));
       dot.setAttribute("r", labelled ? 5 : 3.5);
-      dot.setAttribute("fill", labelled ? laneColor(c.lane) : "#fff");
-      dot.setAttribute("stroke", laneColor(c.lane)); dot.setAttribute("stroke-width", "2");
+      dot.setAttribute("fill", labelled ? colors[i] : "#fff");
+      dot.setAttribute("stroke", colors[i]); dot.setAttribute("stroke-width", "2");
+      dot.setAttribute("data-color", colors[i]);
       svg.append(dot);
     });
     return { svg, width: w };

@@ -806,6 +806,10 @@
     window.addEventListener("resize", () => {
       const box = document.getElementById("chart");
       if (state.chart && box) state.chart.setSize({ width: Math.max(400, box.clientWidth), height: 420 });
+      for (const card of (document.getElementById("scalars") && state.cards) || []) {
+        const plot = card.chart.root.parentNode;
+        card.chart.setSize({ width: Math.max(240, plot.clientWidth - 4), height: 190 });
+      }
     });
     await render();
     const live = document.getElementById("live");

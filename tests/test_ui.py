@@ -521,3 +521,48 @@ def test_first_paint_shows_the_runs_without_scripts(trained, browser, shots):
         text_rows = sum(any(pixels[x, y] < 128 for x in range(0, width, 2))
                         for y in range(50, height))
         assert text_rows > 40, (name, text_rows)
+
+
+def test_hostile_names_and_messages_stay_text(browser, tmp_path, shots):
+    """A branch named like a script and a commit message that is an image with an
+    onerror handler: shown as text in every view and in the first paint, never run."""
+    import numpy as np
+
+    repo = Repo.init(tmp_path / "hostile")
+    evil_msg = '<img src=x onerror="window.__pwned = 1">'
+    evil_branch = "<script>window.__pwned=2</script>"
+    weights = {"model/a.weight": np.ones((2, 2), np.float32)}
+    repo.commit(weights, message=evil_msg, step=1, metrics={"charts/<b>x</b>": 1.0},
+                hparams={"lr": 0.1, "note": "<svg onload=alert(1)>"})
+    repo.branch(evil_branch, "main")
+    repo.commit({"model/a.weight": np.full((2, 2), 2, np.float32)}, message=evil_msg, step=2,
+                metrics={"charts/<b>x</b>": 2.0}, hparams={"lr": 0.2, "note": "<b>y</b>"},
+                ref=f"refs/heads/{evil_branch}")
+    server = serve(repo.workdir)
+    try:
+        browser.get_log("browser")
+        for view, hash_ in [("graph", ""), ("scalars", "#/scalars"), ("compare", "#/compare"),
+                            ("commit", f"#/commit/{repo.resolve(evil_branch)}")]:
+            open_view(browser, server.url + hash_, view)
+            text = browser.find_element("id", "main").text
+            assert "<script>" in text or "<img" in text or "<b>x</b>" in text, view
+            assert not browser.find_elements("css selector", "main img, main script, main b, "
+                                                             "main svg svg"), view
+            assert browser.execute_script("return window.__pwned") is None, view
+        open_view(browser, server.url + "#/compare", "compare")
+        assert evil_branch in browser.find_element("id", "scatter").text
+        browser.execute_script("document.getElementById('scatter').scrollIntoView()")
+        browser.save_screenshot(str(shots / "hostile-compare.png"))
+        # the first paint, scripts off
+        browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+        try:
+            browser.get(server.url)
+            assert evil_branch in browser.find_element("id", "first-paint").text
+            assert not browser.find_elements("css selector", "main img, main script")
+        finally:
+            browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": False})
+            browser.get("about:blank")
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()

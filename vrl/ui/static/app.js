@@ -537,7 +537,11 @@
       const title = document.createElementNS(NS, "title");
       title.textContent = `${p.name}\n${xKey} = ${fmt(p.x)}\n${yKey} = ${fmt(p.y)}`;
       dot.append(title); a.append(dot); svg.append(a);
-      if (pts.length <= 24) add("text", { x: cx + 8, y: cy - 6, class: "label" }, p.name);
+      if (pts.length <= 24) {  // (left of the dot near the right edge: not cut off)
+        const right = cx > W - 140;
+        add("text", { x: right ? cx - 8 : cx + 8, y: cy - 6, class: "label",
+                      "text-anchor": right ? "end" : "start" }, p.name);
+      }
     }
   }
 

@@ -151,11 +151,15 @@ class Api:
             return data
 
     def warm(self) -> threading.Thread:
-        """Read every commit now (the first page needs them all), then, in the background,
-        the layer statistics of every run's line (the heatmap's data, the slowest to read),
-        so that the first heatmap a user opens is as quick as the others. Views and this
+        """Read every commit now (the first page needs them all, and its runs table the
+        summary and compare answers), then, in the background, the layer statistics of
+        every run's line (the heatmap's data, the slowest to read), so that the first
+        heatmap a user opens is as quick as the others. Views and this
         thread only ever add the same immutable entries to the history cache."""
         self.get("graph", {})
+        # the page itself holds the runs table (vrl.ui.firstpaint): its answers too
+        self.get("summary", {})
+        self.get("compare", {})
 
         def layers() -> None:
             try:

@@ -667,6 +667,13 @@ def _gcs_fs(scheme: str, options: dict[str, str]) -> Any:
     renames through `moveTo`, which emulators refuse: minutes of retries per push."""
     core = _import(scheme, "gcsfs.core")
     import aiohttp
+    from gcsfs.retry import retry_request
+
+    # gcsfs fixes its retries (6, backing off up to ~30 s) when its class is made: a
+    # subclass with vrl's count, so a dead endpoint fails in seconds (3 attempts, as S3)
+    class GCSFileSystem(core.GCSFileSystem):
+        _request = retry_request(retries=max(1, int(options.get("retries", 3))))(
+            core.GCSFileSystem._request.__wrapped__)
 
     kwargs: dict[str, Any] = {
         "skip_instance_cache": True,
@@ -681,7 +688,7 @@ def _gcs_fs(scheme: str, options: dict[str, str]) -> Any:
         kwargs["endpoint_url"] = options["endpoint_url"].rstrip("/")
     if _bool(options.get("anon")):
         kwargs["token"] = "anon"  # no credential lookup at all (public buckets, emulators)
-    return core.GCSFileSystem(**kwargs)
+    return GCSFileSystem(**kwargs)
 
 
 def _azure_fs(scheme: str, options: dict[str, str]) -> Any:
@@ -691,7 +698,7 @@ def _azure_fs(scheme: str, options: dict[str, str]) -> Any:
     else DefaultAzureCredential)."""
     adlfs = _import(scheme, "adlfs")
     kwargs: dict[str, Any] = {
-        "skip_instance_cache": True,
+        "skip_instance_cache": True,  # bounded: a dead endpoint must fail in seconds
         "connection_timeout": int(float(options.get("connect_timeout", CONNECT_TIMEOUT))),
         "read_timeout": int(float(options.get("read_timeout", READ_TIMEOUT))),
     }
@@ -713,7 +720,16 @@ def _azure_fs(scheme: str, options: dict[str, str]) -> Any:
         if anon is not None:
             kwargs["anon"] = anon
     with _connect_guard("az://"):
-        return adlfs.AzureBlobFileSystem(**kwargs)
+        fs = adlfs.AzureBlobFileSystem(**kwargs)
+    # the SDK retries 10 times, from 15 s apart (85 s for a dead endpoint), and adlfs
+    # passes no retry settings: bound its policy to vrl's (3 attempts, 1 s, 2 s apart)
+    policy = getattr(getattr(fs.service_client, "_config", None), "retry_policy", None)
+    if policy is not None and hasattr(policy, "total_retries"):
+        retries = max(0, int(options.get("retries", 3)) - 1)
+        policy.total_retries = policy.connect_retries = retries
+        policy.read_retries = policy.status_retries = retries
+        policy.initial_backoff, policy.increment_base = 1, 2
+    return fs
 
 
 @contextlib.contextmanager

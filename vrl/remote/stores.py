@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import secrets
@@ -665,15 +666,8 @@ def _gcs_fs(scheme: str, options: dict[str, str]) -> Any:
     asks the gRPC Storage Control API for every bucket's layout, and, when the answer
     fails (any emulator, or no route to Google), asks again before every operation and
     renames through `moveTo`, which emulators refuse: minutes of retries per push."""
-    core = _import(scheme, "gcsfs.core")
+    _import(scheme, "gcsfs.core")
     import aiohttp
-    from gcsfs.retry import retry_request
-
-    # gcsfs fixes its retries (6, backing off up to ~30 s) when its class is made: a
-    # subclass with vrl's count, so a dead endpoint fails in seconds (3 attempts, as S3)
-    class GCSFileSystem(core.GCSFileSystem):
-        _request = retry_request(retries=max(1, int(options.get("retries", 3))))(
-            core.GCSFileSystem._request.__wrapped__)
 
     kwargs: dict[str, Any] = {
         "skip_instance_cache": True,
@@ -688,7 +682,20 @@ def _gcs_fs(scheme: str, options: dict[str, str]) -> Any:
         kwargs["endpoint_url"] = options["endpoint_url"].rstrip("/")
     if _bool(options.get("anon")):
         kwargs["token"] = "anon"  # no credential lookup at all (public buckets, emulators)
-    return GCSFileSystem(**kwargs)
+    return _gcs_class(max(1, int(options.get("retries", 3))))(**kwargs)
+
+
+@functools.cache
+def _gcs_class(retries: int) -> Any:
+    """gcsfs fixes its retries (6, backing off up to ~30 s) when its class is made: a
+    subclass with vrl's count, so a dead endpoint fails in seconds (3 attempts, as S3)."""
+    from gcsfs.core import GCSFileSystem
+    from gcsfs.retry import retry_request
+
+    class Gcs(GCSFileSystem):
+        _request = retry_request(retries=retries)(GCSFileSystem._request.__wrapped__)
+
+    return Gcs
 
 
 def _azure_fs(scheme: str, options: dict[str, str]) -> Any:

@@ -106,9 +106,9 @@ def trainer_table() -> str | None:
         "| >= 475, 3 of 3 |",
         f"| warehouse: training return (deliveries per episode), 3 seeds | {wh} | - |",
         f"| iterations to reach 90% of PPO's improvement | {reach} | GSPO 1.76x faster "
-        "(seed's claim) |",
+        "(the original recipe's claim) |",
         f"| return std over the last 4 evaluations (\"stability\") | {std} | GSPO 38% lower "
-        "(seed's claim) |",
+        "(the original recipe's claim) |",
     ])
 
 

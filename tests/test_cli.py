@@ -217,3 +217,61 @@ def test_log_shows_every_commit_with_its_refs_and_a_detached_head(ws, capsys):
     repo.checkout(first)  # detached
     code, out, _ = vrl(capsys, "log", "--oneline", "main")
     assert out == f"{second[:12]} (main) second\n{first[:12]} (HEAD, side, tag: best) first\n"
+
+
+def test_checkout_says_when_the_commit_came_from_another_file(ws, capsys):
+    """`vrl commit model.safetensors` then `vrl checkout HEAD~1`: the workspace checkpoint
+    (policy.safetensors) is written, and one line on stderr says that model.safetensors
+    was not, and how to make checkout write it."""
+    from vrl import Repo
+
+    assert vrl(capsys, "init")[0] == 0
+    versions = []
+    for bump in (0.0, 1.0):
+        sd = small_policy().state_dict()
+        sd["2.bias"] = sd["2.bias"] + bump
+        write_checkpoint(sd, "model.safetensors")
+        versions.append((ws / "model.safetensors").read_bytes())
+        assert vrl(capsys, "commit", "model.safetensors", "-m", f"v{bump}", "--no-env")[0] == 0
+    repo = Repo(ws)
+    v1, v2 = repo.resolve("HEAD~1"), repo.resolve("HEAD")
+    assert repo.read_commit(v1).meta == {"source_file": "model.safetensors"}
+
+    def note(oid):
+        return (f"note: wrote policy.safetensors (the workspace checkpoint), not "
+                f"model.safetensors, which {oid[:12]} was committed from; to make checkout "
+                f"write model.safetensors: vrl config set core.workspace model.safetensors\n")
+
+    code, out, err = vrl(capsys, "checkout", "HEAD~1")
+    assert code == 0 and out.endswith("Wrote policy.safetensors\n") and err == note(v1)
+    assert (ws / "policy.safetensors").read_bytes() == versions[0]
+    assert (ws / "model.safetensors").read_bytes() == versions[1]  # not touched
+    code, _, err = vrl(capsys, "checkout", "main")
+    assert code == 0 and err == note(v2)
+    code, _, err = vrl(capsys, "reset", "--hard", "HEAD~1")
+    assert code == 0 and err == note(v1)
+    assert (ws / "policy.safetensors").read_bytes() == versions[0]
+    assert vrl(capsys, "reset", "--hard", v2)[0] == 0  # main back where it was
+    code, _, err = vrl(capsys, "checkout", "HEAD", "--no-workspace")
+    assert code == 0 and err == ""  # nothing written, nothing to say
+    # what the note says to do: checkout then writes model.safetensors, and says nothing
+    assert vrl(capsys, "config", "set", "core.workspace", "model.safetensors")[0] == 0
+    code, out, err = vrl(capsys, "checkout", "main", "--force")
+    assert code == 0 and out.endswith("Wrote model.safetensors\n") and err == ""
+    code, out, err = vrl(capsys, "checkout", "HEAD~1")
+    assert code == 0 and err == "" and (ws / "model.safetensors").read_bytes() == versions[0]
+    # the workspace file itself records nothing (its commits keep the ids they had), nor
+    # does a file outside the work tree
+    assert vrl(capsys, "checkout", "main")[0] == 0
+    save_policy(bump=2.0)
+    assert vrl(capsys, "commit", "-m", "ws", "--no-env", "--allow-empty")[0] == 0
+    assert vrl(capsys, "commit", "policy.safetensors", "-m", "p", "--no-env",
+               "--allow-empty")[0] == 0
+    assert repo.read_commit(repo.resolve("HEAD")).meta == {"source_file": "policy.safetensors"}
+    assert vrl(capsys, "commit", "model.safetensors", "-m", "m", "--no-env",
+               "--allow-empty")[0] == 0
+    assert repo.read_commit(repo.resolve("HEAD")).meta == {}
+    outside = ws.parent / f"{ws.name}-outside.safetensors"
+    write_checkpoint(small_policy(5).state_dict(), outside)
+    assert vrl(capsys, "commit", str(outside), "-m", "o", "--no-env")[0] == 0
+    assert repo.read_commit(repo.resolve("HEAD")).meta == {}

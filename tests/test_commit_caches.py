@@ -294,7 +294,8 @@ def _tensor_change_reference(old, new):
     must give bit-identical statistics."""
     import numpy as np
 
-    from vrl.diff import CHUNK, _elements
+    from vrl.tensor_norms import CHUNK
+    from vrl.tensor_norms import elements as _elements
 
     a_all, convert = _elements(old)
     b_all, _ = _elements(new)
@@ -320,7 +321,7 @@ def _raw(t):
 def test_tensor_change_with_a_kept_work_array_is_bit_identical(dtype):
     import numpy as np
 
-    from vrl.diff import CHUNK, tensor_change
+    from vrl.tensor_norms import CHUNK, tensor_change
 
     torch.manual_seed(0)
     # big, small, big again (the work array is reused, grown, sliced), odd sizes

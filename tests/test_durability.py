@@ -14,6 +14,7 @@ from helpers import raw, vrl
 from lazyfs import LazyFS, rebuild
 
 import vrl.journal as journal
+import vrl.journal_handles as journal_handles
 import vrl.pack_merge as pack_merge
 from vrl import Repo
 from vrl.errors import RevisionError
@@ -241,7 +242,7 @@ def test_a_replay_that_applied_its_record_twice_is_caught(tmp_path, monkeypatch)
             (work / ".vrl/journal").write_bytes(journal.HEADER.pack(
                 journal.MAGIC, header.boot.encode().ljust(40), journal.HEADER.size,
                 header.epoch) + data[journal.HEADER.size:])
-        journal._HANDLES.clear()  # (a new process)
+        journal_handles.HANDLES.clear()  # (a new process)
         again = Repo(work)
         again.sync()
         assert again.fsck()["ok"] is checked

@@ -3,7 +3,8 @@
 The graph is read from the source (ast): every `import` that runs - at module level or
 inside a function (vrl imports torch, numpy and the heavier modules inside functions, so
 that light commands stay fast: those imports count here as much as the others). Imports
-under `if TYPE_CHECKING:` never run and are left out: they name types for annotations.
+under `if TYPE_CHECKING:` never run; they form no circle either (a mixin declares what it
+needs from the class it is mixed into instead of importing that class).
 """
 
 import ast
@@ -49,7 +50,11 @@ def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _all_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def _graph(statements=_runtime_imports) -> dict[str, set[str]]:
     modules = _modules()
 
     def resolve(name: str) -> str | None:
@@ -59,7 +64,7 @@ def _graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
-        targets = {resolve(name) for node in _runtime_imports(ast.parse(path.read_text()))
+        targets = {resolve(name) for node in statements(ast.parse(path.read_text()))
                    for name in _imported(node, module)}
         graph[module] = {t for t in targets if t and t != module}
     return graph
@@ -104,6 +109,10 @@ def test_no_module_of_vrl_imports_one_that_imports_it_back():
     assert _cycles(_graph()) == []
 
 
+def test_not_even_for_type_annotations():
+    assert _cycles(_graph(_all_imports)) == []
+
+
 def test_the_check_sees_a_circle():
     graph = _graph()
     assert "vrl.objects" in graph["vrl.repo"]  # the graph is read at all
@@ -113,13 +122,14 @@ def test_the_check_sees_a_circle():
 
 def test_the_core_never_imports_the_layers_above_it():
     """The store (objects up to the repository) knows nothing of remotes, the CLI, the
-    UI or the Snapshotter: they plug in from above (`register_fetchers`)."""
+    UI, the Snapshotter or the framework integrations: it reaches remotes through an entry
+    point (`vrl.repo.remote_layer`)."""
     graph = _graph()
     core = {m for m in graph if m.count(".") == 1 and m not in
             ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing", "vrl.hooks", "vrl.committer",
              "vrl.snapshotter", "vrl.demo", "vrl.plots", "vrl.views", "vrl.interrupt",
-             "vrl.__main__", "vrl.shm", "vrl.handover")}
-    above = ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing")
+             "vrl.__main__", "vrl.shm", "vrl.handover", "vrl.integrations")}
+    above = ("vrl.cli", "vrl.ui", "vrl.remote", "vrl.testing", "vrl.integrations")
     reached = {(m, t) for m in core for t in graph[m] if t.startswith(above)}
     assert reached == set()
 

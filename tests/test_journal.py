@@ -17,6 +17,7 @@ import torch
 from helpers import raw
 
 import vrl.journal as journal
+import vrl.journal_handles as journal_handles
 from vrl import Repo
 from vrl.errors import StorageError
 
@@ -459,7 +460,7 @@ def test_a_repository_freed_while_the_journal_table_is_locked_does_not_hang(tmp_
     done = threading.Event()
 
     def free() -> None:
-        with journal._HANDLES_LOCK:
+        with journal_handles.HANDLES_LOCK:
             holder.clear()  # the repository is in reference cycles: only gc frees it
             gc.collect()
         done.set()

@@ -38,3 +38,20 @@ def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
         vrl.no_such_thing  # noqa: B018
     assert not hasattr(vrl, "no_such_thing")
+
+
+def test_integrations_resolve_as_attributes_without_their_frameworks():
+    """`vrl.integrations.sb3.SnapshotCallback` after a bare `import vrl`, as README shows;
+    the framework itself loads only when a callback or loader is made."""
+    code = ("import sys, vrl\n"
+            "assert callable(vrl.integrations.sb3.SnapshotCallback)\n"
+            "assert callable(vrl.integrations.sb3.load)\n"
+            "assert vrl.integrations.lightning.restore is not None\n"
+            "print([m for m in ('torch', 'stable_baselines3', 'lightning') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    with pytest.raises(AttributeError, match="no attribute 'keras'"):
+        vrl.integrations.keras  # noqa: B018

@@ -5,15 +5,17 @@ import os
 
 import pytest
 import torch
-from helpers import assert_same, before_ref_moves, small_policy
+from helpers import assert_same, before_ref_moves, edit_object, small_policy
 
 import vrl.repo as repo_module
 from vrl import Repo, commit_engine
 from vrl.errors import (
+    CorruptObjectError,
     InvalidRefNameError,
     NotARepositoryError,
     RefConflictError,
     RevisionError,
+    VrlError,
     WorkspaceError,
 )
 
@@ -536,3 +538,91 @@ def test_a_snapshot_restored_right_after_its_commit_is_independent_of_it(repo):
     again = repo.load(cid)
     assert all(torch.equal(again[k], state[k]) for k in state)
     assert Repo(repo.workdir, verify=True).fsck()["ok"]
+
+
+def _trained(model, optimizer, seed):
+    """One Adam step on `model`, so its weights and the optimizer's moments differ per
+    `seed`."""
+    torch.manual_seed(seed)
+    optimizer.zero_grad()
+    model(torch.randn(5, 8)).square().sum().backward()
+    optimizer.step()
+
+
+def test_load_into_moves_nothing(repo):
+    model = small_policy()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    saved = []
+    for i in range(3):
+        _trained(model, optimizer, i)
+        repo.commit(model, optimizer, message=f"c{i}", env=False)
+        saved.append((_state_copy(model.state_dict()), _state_copy(optimizer.state_dict())))
+    head, branch = repo.head(), repo.current_branch()
+    reflog, refs = repo.refs.reflog("HEAD"), repo.refs.list()
+    target = repo.resolve("HEAD~2")
+
+    other = small_policy(seed=7)
+    other_opt = torch.optim.Adam(other.parameters(), lr=0.1)
+    assert repo.load_into(other, "HEAD~2", optimizer=other_opt) == target
+    assert_same(saved[0][0], other.state_dict())  # bit-exact
+    assert_same(saved[0][1]["state"], other_opt.state_dict()["state"])
+    assert other_opt.state_dict()["param_groups"] == saved[0][1]["param_groups"]
+    # nothing moved: HEAD, its branch, every ref, the reflog; no workspace file written
+    assert (repo.head(), repo.current_branch()) == (head, branch)
+    assert repo.refs.reflog("HEAD") == reflog and repo.refs.list() == refs
+    assert not repo.workspace_path.exists()
+    assert repo.resolve("HEAD~2") == target  # relative revisions still mean the same
+    # the default is HEAD; an optimizer is optional
+    assert repo.load_into(other) == head
+    assert_same(saved[2][0], other.state_dict())
+    # checkout, git's verb, does move HEAD (documented: load_into is the non-moving way)
+    repo.checkout("HEAD~1", model=other)
+    assert repo.head() == repo.resolve(f"{head}~1") and repo.current_branch() is None
+
+
+def _state_copy(state):
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return {k: _state_copy(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_state_copy(v) for v in state]
+    return state
+
+
+def test_load_into_refuses_what_it_cannot_load(repo):
+    repo.commit(small_policy(), env=False)
+    model = small_policy(seed=1)
+    with pytest.raises(VrlError, match="no optimizer state"):
+        repo.load_into(model, optimizer=torch.optim.Adam(model.parameters()))
+    with pytest.raises(VrlError, match="needs a module or an optimizer"):
+        repo.load_into(None)
+    with pytest.raises(RevisionError):
+        repo.load_into(model, "no-such-rev")
+
+
+def test_load_into_verifies_and_fetches_a_pruned_snapshot(tmp_path):
+    from vrl.remote.config import add_remote, open_named
+    from vrl.remote.transfer import push
+
+    repo = Repo.init(tmp_path / "work")
+    ids = [repo.commit({"weight": torch.full((4, 3), float(i)), "bias": torch.zeros(4)},
+                       env=False) for i in range(3)]
+    add_remote(repo, "backup", str(tmp_path / "remote"), create=True)
+    store = open_named(repo, "backup")
+    push(repo, store, "backup", ["main"])
+    store.close()
+    repo.prune(keep_last=1)
+    repo.gc(grace=0)
+    entry = repo.read_manifest(repo.read_commit(ids[0]).manifest).tensors["weight"]
+    assert not repo.objects.has(entry.id)
+    model = torch.nn.Linear(3, 4)
+    assert repo.load_into(model, ids[0]) == ids[0]  # fetched back from the remote
+    assert torch.equal(model.weight, torch.zeros(4, 3)) and repo.head() == ids[2]
+    # a damaged object fails the load in one error, and the module keeps its weights
+    entry = repo.read_manifest(repo.read_commit(ids[2]).manifest).tensors["weight"]
+    before = _state_copy(model.state_dict())
+    edit_object(repo, entry.id, lambda data: data.__setitem__(-1, data[-1] ^ 0xFF))
+    with pytest.raises(CorruptObjectError):
+        Repo(repo.workdir).load_into(model, ids[2])
+    assert_same(before, model.state_dict())

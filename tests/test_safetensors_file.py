@@ -11,7 +11,6 @@ import torch
 from helpers import assert_same
 from safetensors.torch import load_file, save, save_file
 
-from vrl.diff import CHUNK, tensor_change
 from vrl.errors import CheckpointError
 from vrl.safetensors_file import (
     DTYPES,
@@ -21,6 +20,7 @@ from vrl.safetensors_file import (
     parse_header,
     read_file,
 )
+from vrl.tensor_norms import CHUNK, tensor_change
 from vrl.tensors import TORCH_DTYPES, file_state
 from vrl.workspace import read_checkpoint, write_checkpoint
 
@@ -47,7 +47,7 @@ def raw(t: torch.Tensor) -> RawTensor:
 
 
 def torch_reference(old: torch.Tensor, new: torch.Tensor) -> tuple[float, float, float]:
-    """vrl.diff.tensor_change as it was, in torch (the numbers the numpy version keeps)."""
+    """vrl.tensor_norms.tensor_change as it was, in torch (the numbers the numpy version keeps)."""
     a, b = old.detach().reshape(-1), new.detach().reshape(-1)
     work = torch.float32 if a.dtype in (torch.float32, torch.float16, torch.bfloat16) \
         else torch.float64

@@ -352,3 +352,20 @@ def test_eval_honours_the_envs_action_mask(ws, capsys, eval_plugin, monkeypatch,
     for greedy in ([], ["--greedy"]):
         assert main(["eval", "m", "--episodes", "6", "--json", *greedy]) == 0
         assert json.loads(capsys.readouterr().out)["episodes"] == 6
+
+
+def test_steps_round_up_and_a_resumed_run_ends_where_a_straight_one_does(ws, capsys):
+    main(["init"])
+    steps = str(2 * STEPS_PER_ITERATION - 50)  # 1.6 iterations: 2 are trained
+    note = "vrl: --steps 206 is 1.6 iterations of 128 steps: training 2 iterations (256 steps)"
+    summary, err = train(capsys, "--steps", steps, "--branch", "straight")
+    assert note in err.splitlines() and summary["charts/global_step"] == 256
+    train(capsys, "--steps", steps, "--iterations", "1", "--branch", "main")
+    summary, err = train(capsys, "--from", "main")  # the stored total_steps, rounded alike
+    assert note.replace("--steps", "total_steps") == err.splitlines()[-1]
+    assert summary["charts/global_step"] == 256
+    repo = Repo(ws)
+    assert iterations_of(repo, "main") == [2, 1]
+    assert_same(repo.load("straight")["model"], repo.load("main")["model"])
+    assert main(["train", *SMALL, "--from", "main"]) == 0  # finished: nothing more to do
+    assert "has finished its run (256 of 206 agent-steps)" in capsys.readouterr().err

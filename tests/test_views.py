@@ -252,7 +252,8 @@ def test_commit_detail_and_diff(hist):
 
 def test_views_on_a_metadata_only_clone_without_torch(hist, tmp_path, capsys):
     """Push, clone --metadata-only, then every view in an interpreter that cannot import
-    torch: same answers as on the original, and a diff that needs tensors says so."""
+    torch: same answers as on the original, and a diff that needs tensors says so (opened
+    as the UI opens it, never downloading: a default `Repo` would fetch the tensors)."""
     repo, ids = hist
 
     def cli(*args):
@@ -271,7 +272,7 @@ def test_views_on_a_metadata_only_clone_without_torch(hist, tmp_path, capsys):
     script = f"""
 import json, sys
 from vrl import Repo, views
-repo = Repo({str(tmp_path / "c")!r})
+repo = Repo({str(tmp_path / "c")!r}, fetch=False)
 out = {{"compare": views.compare(repo), "curves": views.curves(repo, "return"),
        "heat": views.layer_heatmap(repo, "origin/exp"), "graph": views.graph(repo),
        "detail": views.commit_detail(repo, "origin/exp"),

@@ -172,8 +172,8 @@ def build(env: str, algo: str | None, config_path: str | None, overrides: tuple[
               help="override a config field, e.g. --set learning_rate=3e-4 "
                    "--set env.num_agents=10 (repeatable)")
 @click.option("--steps", type=int, default=None,
-              help="total agent-steps of the run (with --from: the total to reach, counting "
-                   "the steps already done)")
+              help="total agent-steps of the run, rounded up to whole iterations (with "
+                   "--from: the total to reach, counting the steps already done)")
 @click.option("--iterations", type=int, default=None,
               help="stop after this many iterations (resume later with --from)")
 @click.option("--seed", type=int, default=None)
@@ -300,6 +300,7 @@ def _open_repo(store: bool | None, from_rev: str | None):
 def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
     from trainer.distributed import shutdown
     from trainer.store_hook import check_fits, read_run
+    from trainer.train import whole_iterations
 
     latch.check()
 
@@ -343,9 +344,11 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
         if not same_env and dist.is_main:
             click.echo("vrl: the env settings differ from the snapshot's: starting fresh "
                        "episodes", err=True)
-        # the run's length is this config's total_steps (--steps), counted from step 0
+        # the run's length is this config's total_steps (--steps), counted from step 0,
+        # rounded up to whole iterations as a fresh run's is
         remaining = max(0, cfg.total_steps - trainer.global_step)
-        trainer.num_iterations = trainer.iteration + remaining // trainer.steps_per_iteration
+        trainer.num_iterations = trainer.iteration + whole_iterations(
+            remaining, trainer.steps_per_iteration)
     if run is not None and trainer.iteration >= trainer.num_iterations:
         if dist.is_main:
             click.echo(f"vrl: {o['from_rev']} has finished its run ({trainer.global_step} of "
@@ -358,6 +361,10 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
     store = repo is not None and o["store"] is not False
     if store and dist.is_main:
         hook, branch = _store_hooks(trainer, repo, run, o)
+    # (once nothing can refuse the run any more: an error stays the only line)
+    note = rounding_note(trainer, "--steps" if o["steps"] is not None else "total_steps")
+    if note and dist.is_main:
+        click.echo(f"vrl: {note}", err=True)
     interrupted: BaseException | None = None
     restore, previous = _on_sigterm_raise()
     try:
@@ -386,6 +393,23 @@ def _train(ctx: click.Context, latch: Any, **o: Any) -> None:
             summary["vrl/snapshots"] = len(hook.commits)
             summary["vrl/head"] = hook.commits[-1][:12] if hook.commits else None
         click.echo(json.dumps(summary, sort_keys=True))
+
+
+def rounding_note(trainer: Any, label: str = "--steps") -> str | None:
+    """One line when the run's total steps are not whole iterations and were rounded up
+    (None when they are): "--steps 200000 is 48.8 iterations of 4,096 steps: training 49
+    iterations (200,704 steps)"."""
+    total, per = trainer.config.total_steps, trainer.steps_per_iteration
+    # what the run will have done at its last iteration (a resumed run: from where it is)
+    planned = trainer.global_step + (trainer.num_iterations - trainer.iteration) * per
+    if planned == total or total % per == 0:
+        return None
+    exact = total / per
+    shown = f"{exact:.1f}"
+    if shown == f"{round(exact)}.0":  # 48.97 is not "49.0 iterations"
+        shown = f"{exact:.3f}"
+    return (f"{label} {total} is {shown} iterations of {per:,} steps: training "
+            f"{trainer.num_iterations} iterations ({planned:,} steps)")
 
 
 def _on_sigterm_raise():

@@ -4,7 +4,8 @@ Each field's docstring is the documentation (CleanRL style). ``load_config``
 merges, in order: the dataclass defaults, a YAML file, then ``--set key=value``
 overrides. Values are parsed as YAML 1.2 values (``3e-4`` is a float, unlike PyYAML's
 YAML 1.1) and checked against the field's type.
-Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment factory;
+Keys ``env.<name>`` go to the free-form ``env`` dict passed to the environment factory
+(``env.a.b=v`` nests: ``{"a": {"b": v}}``, merged key by key as a YAML mapping would be);
 keys ``dirty.<name>`` to the ``dirty`` section (:class:`DirtyLayerConfig`, dirty-layer
 training), whose fields and defaults are defined once, here.
 """
@@ -129,7 +130,8 @@ class PPOConfig:
     seed: int = 1
     """seed for environments, network initialisation and sampling"""
     total_steps: int = 500_000
-    """total environment steps (agent-steps for multi-agent envs) of the run"""
+    """total environment steps (agent-steps for multi-agent envs) of the run, rounded up
+    to whole iterations"""
     num_envs: int = 8
     """parallel environments (the warehouse multiplies this by its number of AGVs)"""
     num_steps: int = 128
@@ -157,7 +159,7 @@ class PPOConfig:
     vf_coef: float = 0.5
     """value loss coefficient"""
     max_grad_norm: float = 0.3
-    """global gradient-norm clip (the seed's ``grad_clip``)"""
+    """global gradient-norm clip (the original GSPO recipe's ``grad_clip``)"""
     target_kl: float | None = None
     """stop the epochs of an update early when approx-KL exceeds this (None: never)"""
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
@@ -197,27 +199,28 @@ class PPOConfig:
 class GSPOConfig(PPOConfig):
     """Gradient-Shaped Policy Optimization: PPO plus three switchable mechanisms.
 
-    Defaults are the seed's: gamma 0.99, lambda 0.95, epsilon 0.2 decaying by 0.995,
-    grad_clip 0.3, hessian_interval 5, 10 epochs, 32 minibatches, except ``num_steps``:
-    the seed's 2048 steps per slot would make 2048 x 160 samples per warehouse update, so
+    Defaults are the original GSPO recipe's (docs/trainer.md): gamma 0.99, lambda 0.95,
+    epsilon 0.2 decaying by 0.995, grad_clip 0.3, hessian_interval 5, 10 epochs, 32
+    minibatches, except ``num_steps``:
+    the recipe's 2048 steps per slot would make 2048 x 160 samples per warehouse update, so
     it is 128 as for PPO.
     With ``shaper``, ``radius`` and ``replay`` all False it is exactly PPO with
     ``clip_coef = epsilon_base``.
     """
 
     num_steps: int = 128
-    """steps per environment per rollout (seed: n_steps 2048, per env of a single-agent env)"""
+    """steps per environment per rollout (original recipe: n_steps 2048 per env)"""
     num_minibatches: int = 32
-    """minibatches per epoch (seed: 32)"""
+    """minibatches per epoch (original recipe: 32)"""
     update_epochs: int = 10
-    """epochs over each rollout (seed: noptepochs 10)"""
+    """epochs over each rollout (original recipe: noptepochs 10)"""
     max_grad_norm: float = 0.3
-    """global gradient-norm clip (seed: grad_clip 0.3)"""
+    """global gradient-norm clip (original recipe: grad_clip 0.3)"""
 
     shaper: bool = True
     """mechanism 1: damp gradients of high-curvature, oscillating parameters"""
     hessian_interval: int = 5
-    """estimate the Hessian diagonal every this many optimizer steps (seed: 5)"""
+    """estimate the Hessian diagonal every this many optimizer steps (original recipe: 5)"""
     hessian_probes: int = 1
     """Rademacher probes per Hutchinson estimate"""
     shaper_beta: float = 0.9
@@ -228,9 +231,9 @@ class GSPOConfig(PPOConfig):
     radius: bool = True
     """mechanism 2: per-layer trust radius around a decaying global epsilon"""
     epsilon_base: float = 0.2
-    """initial global epsilon; also the surrogate clip coefficient in GSPO (seed: 0.2)"""
+    """initial global epsilon; also the surrogate clip coefficient in GSPO (original recipe: 0.2)"""
     epsilon_decay: float = 0.995
-    """epsilon multiplier applied once per update iteration (rollout + update) (seed: 0.995)"""
+    """epsilon multiplier applied once per update iteration, rollout + update (original: 0.995)"""
     epsilon_min: float = 0.05
     """floor of the global epsilon so it cannot collapse over a long run"""
     radius_scale: float = 0.05
@@ -420,9 +423,20 @@ def config_from_dict(algo: str, values: dict[str, Any]) -> PPOConfig:
     kwargs = {}
     for key, value in values.items():
         if key not in types:
-            raise ConfigError(f"unknown {algo} config key {key!r}")
+            raise ConfigError(f"unknown {algo} config key {key!r}{_did_you_mean(key, types)}")
         kwargs[key] = _coerce(key, value, types[key])
     return cls(**kwargs)
+
+
+def _did_you_mean(key: str, names: typing.Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(names), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# the config fields that are mappings, so that `--set SECTION.a.b=v` may nest into them
+SECTIONS = ("env", "dirty")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -461,7 +475,7 @@ def load_config(
 
         for key, value in load_preset(preset).items():
             if key == "env":
-                values["env"] = {**(values.get("env") or {}), **value}
+                values["env"] = _merge_env(values.get("env"), value, f"preset {preset}")
             elif key == "dirty":
                 _merge_dirty(values, value)
             elif key != "algo":
@@ -474,20 +488,64 @@ def load_config(
         loaded.pop("env_spec", None)  # the env to build (the CLI reads it), not a field
         if "dirty" in loaded:
             _merge_dirty(values, loaded.pop("dirty"))
+        if "env" in loaded:  # a file's env replaces the stored one or the preset's
+            values["env"] = _merge_env(None, loaded.pop("env"), str(path))
         values.update(loaded)
-    env = dict(values.pop("env", None) or {})
+    env = _merge_env(None, values.pop("env", None), "the stored config")
     for text in overrides:
         key, value = parse_override(text)
-        if key.startswith("env."):
-            env[key[4:]] = value
-        elif key.startswith("dirty."):
-            _merge_dirty(values, {key[6:]: value})
-        elif key == "dirty":
+        head, _, rest = key.partition(".")
+        if rest:
+            # `a.b.c=v` is the mapping {a: {b: {c: v}}}, exactly as YAML would nest it
+            parts = rest.split(".")
+            if not all(parts):
+                raise ConfigError(f"override {text!r}: empty part in the key {key!r}")
+            for part in reversed(parts):
+                value = {part: value}
+            _check_section(algo, head, text)
+        if head == "env":
+            env = _merge_env(env, value, f"--set {text}")
+        elif head == "dirty":
             _merge_dirty(values, value)
         else:
             values[key] = value
     values["env"] = env
     return config_from_dict(algo, values)
+
+
+def _check_section(algo: str, head: str, text: str) -> None:
+    """A dotted override must start with a section (env, dirty): anything else is a typo
+    or a plain field, said in one line."""
+    if head in SECTIONS:
+        return
+    names = {f.name for f in dataclasses.fields(CONFIGS[algo])} if algo in CONFIGS else set()
+    if head in names:
+        raise ConfigError(f"--set {text}: {head} is a single value, not a section (only "
+                          f"{' and '.join(f'{s}.*' for s in SECTIONS)} keys nest); use "
+                          f"--set {head}=VALUE")
+    raise ConfigError(f"unknown {algo} config key {head!r} in --set {text}"
+                      f"{_did_you_mean(head, names) or '; nested keys go under env.*'}")
+
+
+def _merge_env(base: Any, over: Any, where: str) -> dict[str, Any]:
+    """``over`` laid over the env mapping ``base`` key by key, nested mappings merged at
+    every depth (a YAML file or ``--set env.a.b=v`` changes one nested key and keeps its
+    siblings); a value that is not a mapping replaces what was there."""
+    for value in (base, over):
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{where}: env must be a mapping of env settings, got "
+                              f"{value!r}")
+    return _deep_merge(base or {}, over or {})
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)  # new dicts along the merged paths: `base` is never changed
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _merge_dirty(values: dict[str, Any], section: Any) -> None:

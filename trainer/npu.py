@@ -67,5 +67,6 @@ def device_context(index: int | None = None) -> Iterator[torch.device]:
 
 
 def distributed_env_defaults() -> None:
-    """HCCL settings that avoid the misconfiguration slow-downs named in the seed."""
+    """HCCL settings that avoid known misconfiguration slow-downs on Ascend clusters
+    (whitelist checks, slow connection set-up)."""
     os.environ.setdefault("HCCL_WHITELIST_DISABLE", "1")

@@ -58,8 +58,14 @@ def check_batch(config: PPOConfig, slots: int, world_size: int = 1) -> None:
                           + f"); use --steps {per_iteration} or more, or lower num_steps")
 
 
+def whole_iterations(steps: int, per_iteration: int) -> int:
+    """The iterations that train at least ``steps`` agent-steps (rounded up)."""
+    return -(-steps // per_iteration)
+
+
 class Trainer:
-    """Runs ``config.total_steps`` agent-steps of PPO or GSPO on ``env``."""
+    """Runs ``config.total_steps`` agent-steps of PPO or GSPO on ``env``, rounded up to
+    whole iterations (``total_steps`` is what it plans: ``num_iterations`` of them)."""
 
     def __init__(
         self,
@@ -96,7 +102,8 @@ class Trainer:
                               self.update_generator)
         self.steps_per_iteration = config.num_steps * env.num_envs * self.dist.world_size
         check_batch(config, env.num_envs, self.dist.world_size)
-        self.num_iterations = config.total_steps // self.steps_per_iteration
+        # whole iterations, rounded up: a run trains at least the steps it was asked for
+        self.num_iterations = whole_iterations(config.total_steps, self.steps_per_iteration)
         # `charts/return`, the one return figure (console, commit message, best tag): the
         # mean of the last RETURN_EPISODES finished episodes, in whole batches of
         # num_envs (the warehouse's worlds finish their episodes together)

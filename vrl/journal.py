@@ -31,14 +31,12 @@ import contextlib
 import fcntl
 import functools
 import os
-import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vrl import lifecycle
 from vrl.durable import discard, fdatasync, fsync, fsync_all, fsync_dir
 from vrl.errors import RefConflictError, RevisionError, StorageError, VrlError, storage_error
 from vrl.journal_format import (  # noqa: F401 - the format's names, imported from here too
@@ -62,6 +60,16 @@ from vrl.journal_format import (  # noqa: F401 - the format's names, imported fr
     read_all,
     read_header,
 )
+from vrl.journal_handles import (
+    BACKGROUND,
+    HANDLES,
+    HANDLES_LOCK,
+    JOBS,
+    RELEASED,
+    Handle,
+    close_released,
+    hand_off,
+)
 from vrl.object_store import FileObjectStore
 from vrl.objects import ObjectId, is_object_id
 from vrl.refs import ANY, LOCK_TIMEOUT, RefStore, short_ref
@@ -78,7 +86,7 @@ INIT_ROOM = 1 << 20
 # commit's path (a small policy's 0.7 MB first commit: ~0.5 ms less).
 EXTERNAL_MIN = 4 << 20
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-BACKGROUND = -1  # `_Handle.owner` while a record is materialised in the background
+
 
 
 def boot_id() -> str | None:
@@ -88,61 +96,6 @@ def boot_id() -> str | None:
             return f.read().decode("ascii").strip()[:40] or None
     except (OSError, UnicodeDecodeError):
         return None
-
-
-class _Handle:
-    """One open journal per file and process: flock excludes other processes, the RLock
-    other threads (flock does not: they share the open file). Closed once no `Journal`
-    uses it (a process that opens many repositories does not keep a file open for each)."""
-
-    def __init__(self, path: str) -> None:
-        # not O_APPEND: Linux's pwrite appends to such a file whatever the offset, and
-        # the header is rewritten in place (appends are serialised by the lock anyway)
-        self.path = path
-        self.fd = os.open(path, os.O_RDWR)
-        self.pid = os.getpid()
-        # a plain Lock, not an RLock: a commit hands it (with the flock) to the thread
-        # that materialises its record, which releases it (`held` does the reentrancy)
-        self.lock = threading.Lock()
-        self.owner: int | None = None  # the thread holding it (BACKGROUND: a handed one)
-        self.depth = 0
-        self.users = 0
-        # held from a commit's hand-off until its record is materialised in the background
-        # (`_JOBS` has the work until someone starts it)
-        self.pending: threading.Lock | None = None
-        self.failed = False  # the last one was not: the next holder re-applies it
-        # where the next record goes and its epoch: known while the journal is held (the
-        # header is read when it is taken)
-        self.tail = HEADER.size
-        self.epoch = 0
-        # (epoch, tail, HEAD's target, {ref: value}) as this process's last commit left
-        # them: while the header still says (epoch, tail), no ref changed since - every
-        # ref change of a vrl process moves the tail (a record) or the epoch (`exclusive`)
-        # - and the next commit need not read HEAD and its ref again
-        self.seen: tuple[int, int, str | None, dict[str, str | None]] | None = None
-
-
-_HANDLES: dict[str, _Handle] = {}
-_HANDLES_LOCK = threading.Lock()
-
-
-_RELEASED: list[_Handle] = []  # one entry per `Journal` gone (see _handle)
-
-
-def _close_released() -> None:
-    """Count the `Journal`s gone as users no more; close a handle when it was the last
-    (the caller holds _HANDLES_LOCK). The finalizer only appends: it may run in any
-    allocation, even one made while _HANDLES_LOCK is held."""
-    while _RELEASED:
-        handle = _RELEASED.pop()
-        handle.users -= 1
-        if handle.users > 0:
-            continue
-        if _HANDLES.get(handle.path) is handle:
-            del _HANDLES[handle.path]
-        if handle.pid == os.getpid():
-            with contextlib.suppress(OSError):
-                os.close(handle.fd)
 
 
 class Journal:
@@ -157,35 +110,35 @@ class Journal:
         self.objects = objects
         self.refs = refs
         self.boot = boot_id()
-        self._uses: set[_Handle] = set()  # the handles this object counts as a user of
+        self._uses: set[Handle] = set()  # the handles this object counts as a user of
 
     @property
     def usable(self) -> bool:
         return self.boot is not None
 
     # ------------------------------------------------------------------ the file
-    def _handle(self) -> _Handle:
-        with _HANDLES_LOCK:
-            _close_released()
-            handle = _HANDLES.get(self.path)
+    def _handle(self) -> Handle:
+        with HANDLES_LOCK:
+            close_released()
+            handle = HANDLES.get(self.path)
             # forked (the parent's), or the journal deleted since (a repository removed
             # and made again at this path): not the file to write to
             if handle is not None and (handle.pid != os.getpid() or
                                        os.fstat(handle.fd).st_nlink == 0):
-                del _HANDLES[self.path]
+                del HANDLES[self.path]
                 handle = None
             if handle is None:
                 if not os.path.exists(self.path):
                     self._create()
                 try:
-                    handle = _HANDLES[self.path] = _Handle(self.path)
+                    handle = HANDLES[self.path] = Handle(self.path)
                 except OSError as exc:
                     raise storage_error(exc, self.vrl_dir, "opening the commit journal"
                                         ) from exc
             if handle not in self._uses:
                 handle.users += 1
                 self._uses.add(handle)
-                weakref.finalize(self, _RELEASED.append, handle)
+                weakref.finalize(self, RELEASED.append, handle)
             return handle
 
     def _create(self) -> None:
@@ -201,7 +154,7 @@ class Journal:
         return HEADER.pack(MAGIC, (self.boot or "").encode().ljust(40), applied, epoch)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[_Handle]:
+    def held(self) -> Iterator[Handle]:
         """Hold the journal (reentrant), with every record materialised."""
         handle = self._handle()
         if handle.owner == threading.get_ident():
@@ -217,7 +170,7 @@ class Journal:
         finally:
             self._release(handle)
 
-    def _acquire(self, handle: _Handle) -> None:
+    def _acquire(self, handle: Handle) -> None:
         """Take the journal: other threads (and a record still being materialised in the
         background) by the handle's lock, other processes by flock; then settle."""
         handle.lock.acquire()
@@ -235,7 +188,7 @@ class Journal:
         handle.failed = False
 
     @staticmethod
-    def _release(handle: _Handle) -> None:
+    def _release(handle: Handle) -> None:
         handle.owner, handle.depth = None, 0
         try:
             fcntl.flock(handle.fd, fcntl.LOCK_UN)
@@ -248,13 +201,13 @@ class Journal:
         this process, its last commit's background work; in another one, a record
         appended and not yet materialised (the header says so) - then the journal is
         taken, which waits for its holder (or finishes what a dead one left)."""
-        handle = _HANDLES.get(self.path)
+        handle = HANDLES.get(self.path)
         if handle is not None and handle.pid == os.getpid():
             if handle.owner == threading.get_ident():
                 return  # this thread holds it: everything is materialised (or is being)
             pending = handle.pending
             if pending is not None:
-                job = _JOBS.pop(handle, None)
+                job = JOBS.pop(handle, None)
                 if job is not None:  # not started yet: do it here, not wait for a wakeup
                     job()
                 else:  # the write-out thread has it: done when it lets go
@@ -272,7 +225,7 @@ class Journal:
             with contextlib.suppress(OSError, VrlError), self.held():
                 pass
 
-    def _behind(self, handle: _Handle | None) -> bool:
+    def _behind(self, handle: Handle | None) -> bool:
         """Whether the journal holds records not materialised yet (a commit of another
         process between its commit point and the end of its background work)."""
         if not self.usable:
@@ -321,7 +274,7 @@ class Journal:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
 
-    def _settle(self, handle: _Handle) -> None:
+    def _settle(self, handle: Handle) -> None:
         """Re-apply what a dead holder (or a power cut) left unmaterialised; learn where the
         next record goes."""
         fd = handle.fd
@@ -438,7 +391,7 @@ class Journal:
                 handle.pending = threading.Lock()
                 handle.pending.acquire()
                 handed = True
-                _hand_off(handle, functools.partial(self._finish, handle, done, sealed,
+                hand_off(handle, functools.partial(self._finish, handle, done, sealed,
                                                     target, release=True))
         finally:
             if pack_fd is not None:
@@ -447,7 +400,7 @@ class Journal:
                 self._release(handle)
         return old
 
-    def _finish(self, handle: _Handle, record: Record, sealed: tuple | None,
+    def _finish(self, handle: Handle, record: Record, sealed: tuple | None,
                 target: str | None, release: bool = False) -> None:
         """Materialise a durable record (then mark it so in the header). A failure leaves
         it to the next holder of the journal, which re-applies it as after a crash: the
@@ -597,7 +550,7 @@ class Journal:
 
             yield checkpoint
 
-    def _checkpoint(self, handle: _Handle, records: list[Record], drop: bool = False
+    def _checkpoint(self, handle: Handle, records: list[Record], drop: bool = False
                     ) -> None:
         """Make what `records` materialised durable, then start a new epoch at offset 64
         (every record so far is stale). `drop`: also cut the file (a legacy journal's
@@ -644,7 +597,7 @@ class Journal:
 
     def recover(self) -> None:
         """At open: finish what a dead holder or a power cut left (cheap when nothing is)."""
-        if self._behind(_HANDLES.get(self.path)):
+        if self._behind(HANDLES.get(self.path)):
             with contextlib.suppress(OSError, StorageError):  # read-only: readers see the rest
                 with self.held():
                     pass
@@ -670,54 +623,6 @@ def create_journal(vrl_dir: Path) -> None:
         discard(Path(tmp))
 
 
-# Each process's write-out thread: a daemon fed by a queue (a thread pool's hand-off
-# costs ~25 us on a commit's path, a queue's ~5). At exit, `finish_at_exit` (run by
-# vrl.lifecycle) finishes what is queued before the interpreter stops the thread; a
-# commit made after it, in an exit handler, writes its own files out.
-_JOBS: dict[_Handle, Callable[[], None]] = {}  # handle -> its pending write-out
-_WRITER: list = [None, None]  # [pid, queue] of this process's write-out thread
-
-
-def _hand_off(handle: _Handle, job: Callable[[], None]) -> None:
-    _JOBS[handle] = job
-    try:
-        if lifecycle.exiting():  # (the thread is not waited for any more)
-            raise RuntimeError("exiting")
-        if _WRITER[0] != os.getpid():  # (a forked child has the queue, not the thread)
-            with _HANDLES_LOCK:
-                if _WRITER[0] != os.getpid():
-                    work: queue.SimpleQueue = queue.SimpleQueue()
-                    threading.Thread(target=_write_out, args=(work,), name="vrl-journal",
-                                     daemon=True).start()
-                    _WRITER[:] = [os.getpid(), work]
-        _WRITER[1].put(handle)
-    except RuntimeError:  # the interpreter is exiting (no thread starts, none is waited
-        _run_pending(handle)  # for): here
-
-
-def _run_pending(handle: _Handle) -> None:
-    job = _JOBS.pop(handle, None)  # (atomic: whoever pops it runs it)
-    if job is not None:
-        job()
-
-
-def _write_out(work: queue.SimpleQueue) -> None:
-    while True:
-        _run_pending(work.get())
-
-
-def finish_at_exit() -> None:
-    """Finish every queued write-out: the interpreter is stopping, and does not wait for
-    the write-out thread (vrl.lifecycle runs this)."""
-    for handle in list(_JOBS):
-        _run_pending(handle)
-    for handle in list(_HANDLES.values()):
-        pending = handle.pending
-        if pending is not None:
-            with pending:
-                pass
-
-
 def _has_line(path: Path, line: bytes) -> bool:
     try:
         data = path.read_bytes()
@@ -726,4 +631,3 @@ def _has_line(path: Path, line: bytes) -> bool:
     return data.startswith(line) or b"\n" + line in data
 
 
-lifecycle.on_exit(finish_at_exit)

@@ -1,7 +1,7 @@
 """Repository maintenance: retention (prune), reachability, gc, repack and fsck.
 
-A mixin of `vrl.Repo`; it needs the repository's `objects`, `refs`, `config` and its
-commit/manifest readers.
+A mixin of `vrl.Repo`: what it needs from the repository is declared on the class, so
+it never imports Repo (not even for annotations).
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from vrl.objects import HEADER_SIZE, Commit, Manifest, ObjectId, TensorEntry, is
 from vrl.refs import ANY, ReflogEntry, interrupted, short_ref
 
 if TYPE_CHECKING:
-    from vrl.repo import Repo
+    from contextlib import AbstractContextManager
+
+    from vrl.config import Config
+    from vrl.journal import Journal
+    from vrl.object_store import FileObjectStore
+    from vrl.refs import RefStore
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,25 @@ class GcBlockedError(VrlError):
 class Maintenance:
     """prune, reachable, gc, fsck (mixed into Repo)."""
 
+    # what Repo provides
+    vrl_dir: Path
+    objects: FileObjectStore
+    refs: RefStore
+    journal: Journal | None
+    config: Config
+    lazy: bool
+    read_commit: Callable[[ObjectId], Commit]
+    read_manifest: Callable[[ObjectId], Manifest]
+    head: Callable[[], ObjectId | None]
+    resolve: Callable[[str], ObjectId]
+    tags: Callable[[], dict[str, ObjectId]]
+    maintaining: Callable[[], AbstractContextManager[Callable[[], None]]]
+
     # ------------------------------------------------------------------ retention
-    def _pruned_path(self: Repo) -> Path:
+    def _pruned_path(self) -> Path:
         return self.vrl_dir / "pruned"
 
-    def pruned(self: Repo) -> set[ObjectId]:
+    def pruned(self) -> set[ObjectId]:
         """Commits whose tensor data retention released (gc then frees it)."""
         try:
             text = self._pruned_path().read_text()
@@ -85,7 +104,7 @@ class Maintenance:
             return set()
         return {ObjectId(line) for line in text.split() if is_object_id(line)}
 
-    def _write_pruned(self: Repo, pruned: set[ObjectId]) -> None:
+    def _write_pruned(self, pruned: set[ObjectId]) -> None:
         """Rewrite the pruned list (the caller holds the `refs/pruned` lock)."""
         lines = sorted(pruned)
         self.objects.write_raw(self._pruned_path(),
@@ -95,7 +114,7 @@ class Maintenance:
         # deletions and lose the list)
         self.objects.sync()
 
-    def first_parent_chain(self: Repo, oid: ObjectId | None) -> list[ObjectId]:
+    def first_parent_chain(self, oid: ObjectId | None) -> list[ObjectId]:
         chain = []
         while oid is not None:
             chain.append(oid)
@@ -106,7 +125,7 @@ class Maintenance:
             oid = parents[0] if parents else None
         return chain
 
-    def prune(self: Repo, keep_last: int = 10, refs: list[str] | None = None,
+    def prune(self, keep_last: int = 10, refs: list[str] | None = None,
               keep: tuple[str, ...] = (), dry_run: bool = False) -> list[ObjectId]:
         """Release the tensor data of old snapshots; return the commits newly pruned.
 
@@ -139,7 +158,7 @@ class Maintenance:
                 self._write_pruned(already | set(newly))
         return newly
 
-    def ensure_restorable(self: Repo, oid: ObjectId, action: str, keep: bool = False) -> None:
+    def ensure_restorable(self, oid: ObjectId, action: str, keep: bool = False) -> None:
         """Before a ref moves to `oid`: a ref keeps what it points to.
 
         A pruned snapshot whose tensors are all still here is fine (with `keep`, it is
@@ -151,7 +170,7 @@ class Maintenance:
         manifest = self.read_manifest(self.read_commit(oid).manifest)
         ids = {e.id for e in manifest.data_entries().values()}
         missing = [i for i in ids if not self.objects.has(i)]
-        if missing and self.fetch_missing is None:
+        if missing and not self.lazy:
             raise PrunedError(
                 f"cannot {action} {oid[:12]}: it was pruned by retention and `vrl gc` has "
                 "freed its tensors, so it could not be restored from here; restore it from "
@@ -165,7 +184,7 @@ class Maintenance:
                     self._write_pruned(current - {oid})
 
     # ------------------------------------------------------------------ gc
-    def _never_moved(self: Repo, name: str, entries: list[ReflogEntry]) -> set[ObjectId]:
+    def _never_moved(self, name: str, entries: list[ReflogEntry]) -> set[ObjectId]:
         """Missing commits named only as the target of reflog lines whose move never
         happened (a power cut between the line and the ref's rename; refs.interrupted)."""
         try:
@@ -178,7 +197,7 @@ class Maintenance:
             out -= {x for e in entries if e.new not in out for x in (e.old, e.new)}
         return out  # type: ignore[return-value]
 
-    def _reflog_roots(self: Repo, strict: bool) -> set[ObjectId]:
+    def _reflog_roots(self, strict: bool) -> set[ObjectId]:
         """Every id a reflog names. With `strict`, a damaged reflog stops the caller."""
         roots: set[ObjectId] = set()
         for name in self.refs.all_logs():
@@ -192,7 +211,7 @@ class Maintenance:
             named -= self._never_moved(name, read.entries)
             # a flipped hex digit still parses, but names a commit that is not here
             lost = sorted(x for x in named if not self.objects.has(x))
-            if lost and strict and self.fetch_missing is None:
+            if lost and strict and not self.lazy:
                 raise GcBlockedError(
                     f"logs/{name} names commit {lost[0][:12]}, which is not here (the reflog "
                     "is damaged or objects were lost; `vrl fsck` checks): gc cannot tell "
@@ -200,7 +219,7 @@ class Maintenance:
             roots |= named
         return roots
 
-    def reachable(self: Repo, include_reflog: bool = True, strict: bool = False
+    def reachable(self, include_reflog: bool = True, strict: bool = False
                   ) -> set[ObjectId]:
         """Every object reachable from refs, HEAD and (by default) the reflog.
 
@@ -217,7 +236,7 @@ class Maintenance:
             roots |= self._reflog_roots(strict)
         return self._closure(roots, tips)
 
-    def _closure(self: Repo, roots: set[ObjectId], tips: set[ObjectId] | None = None
+    def _closure(self, roots: set[ObjectId], tips: set[ObjectId] | None = None
                  ) -> set[ObjectId]:
         """`roots` (commits) and every object they reach; a pruned commit's tensors only
         when it is one of `tips` (a ref keeps what it points to)."""
@@ -245,7 +264,7 @@ class Maintenance:
                     continue
         return seen
 
-    def _check_refs_for_gc(self: Repo, expire_reflog: bool) -> None:
+    def _check_refs_for_gc(self, expire_reflog: bool) -> None:
         """A damaged ref's value is unknown: gc goes on only while its reflog (which names
         every value it had) is readable and kept."""
         for name, why in self.refs.damaged().items():
@@ -253,7 +272,7 @@ class Maintenance:
                 raise GcBlockedError(f"{why}; gc cannot tell what it protects, so it deleted "
                                      "nothing")
 
-    def _unreachable(self: Repo, keep: set[ObjectId]) -> Iterator[tuple[ObjectId, float, int]]:
+    def _unreachable(self, keep: set[ObjectId]) -> Iterator[tuple[ObjectId, float, int]]:
         """(id, mtime, size) of every object not in `keep` (a packed one has its pack's
         mtime)."""
         for oid in list(self.objects.ids()):
@@ -266,12 +285,12 @@ class Maintenance:
                 continue
 
     @functools.cached_property
-    def gc_lock(self: Repo) -> GcLock:
+    def gc_lock(self) -> GcLock:
         """Held shared by writers and exclusively by gc (vrl/gclock.py)."""
         return GcLock(self.vrl_dir)
 
     @contextlib.contextmanager
-    def writing(self: Repo) -> Iterator[None]:
+    def writing(self) -> Iterator[None]:
         """Hold the gc lock shared: from a writer's first look at the store until its ref
         has moved. After a gc, what this object remembered as stored is looked at again."""
         with self.gc_lock.shared() as collected:
@@ -279,7 +298,7 @@ class Maintenance:
                 self.objects.forget_stored()
             yield
 
-    def gc(self: Repo, grace: float | None = None, dry_run: bool = False,
+    def gc(self, grace: float | None = None, dry_run: bool = False,
            expire_reflog: bool = False, on_wait: Callable[[], None] | None = None
            ) -> tuple[int, int]:
         """Delete unreachable objects older than `grace` seconds; return (count, bytes).
@@ -296,7 +315,7 @@ class Maintenance:
         with self.gc_lock.exclusive(on_wait):
             return self._collect(grace, dry_run, expire_reflog)
 
-    def _collect(self: Repo, grace: float | None, dry_run: bool, expire_reflog: bool
+    def _collect(self, grace: float | None, dry_run: bool, expire_reflog: bool
                  ) -> tuple[int, int]:
         """gc's mark and sweep."""
         grace = self.config.getfloat("gc", "grace") if grace is None else grace
@@ -329,7 +348,7 @@ class Maintenance:
                         self._write_pruned(pruned - gone)
         return count, freed
 
-    def gc_pending(self: Repo, grace: float | None = None) -> tuple[int, float | None]:
+    def gc_pending(self, grace: float | None = None) -> tuple[int, float | None]:
         """Unreachable bytes that gc keeps for now (younger than the grace period), and
         when the last of them becomes freeable (a Unix time; None if there are none)."""
         grace = self.config.getfloat("gc", "grace") if grace is None else grace
@@ -341,14 +360,14 @@ class Maintenance:
                 latest = max(latest or 0.0, mtime + grace)
         return size, latest
 
-    def repack(self: Repo) -> tuple[int, int]:
+    def repack(self) -> tuple[int, int]:
         """Merge all packs and small loose objects into one pack; return (objects packed,
         files removed). Crash-safe: the new pack is durable before anything goes."""
         with self.maintaining() as checkpoint:
             return self.objects.repack(checkpoint)
 
     # ------------------------------------------------------------------ fsck
-    def fsck(self: Repo, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    def fsck(self, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """Check everything and stop at nothing: objects (re-hashed), commits and their
         connectivity, manifests, refs and reflogs.
 
@@ -369,7 +388,7 @@ class Maintenance:
                 "warnings": [asdict(p) for p in state.warnings],
                 "dangling_commits": dangling, "ok": not state.problems}
 
-    def _fsck_objects(self: Repo, state: FsckState) -> None:
+    def _fsck_objects(self, state: FsckState) -> None:
         ids = list(self.objects.ids())
         state.count = len(ids)
         for i, oid in enumerate(ids):
@@ -383,7 +402,7 @@ class Maintenance:
         for message in self.objects.check():  # packs: trailer, index, every object's bytes
             state.add("pack", "objects/pack", message)
 
-    def _fsck_commits(self: Repo, state: FsckState) -> None:
+    def _fsck_commits(self, state: FsckState) -> None:
         """Connectivity and manifests: every commit's parents and manifest, and every
         manifest's tensors, are here (or recorded as pruned, or lazy)."""
         for oid, kind in list(state.kinds.items()):
@@ -432,7 +451,7 @@ class Maintenance:
                     state.add("manifest", commit.manifest,
                               f"commit {oid[:12]}: tensor {name} has the wrong kind or size")
 
-    def _fsck_refs(self: Repo, state: FsckState) -> None:
+    def _fsck_refs(self, state: FsckState) -> None:
         """Every ref file is readable and names a commit that is here; the snapshot a ref
         points to still has its tensors (a pruned one keeps them while a ref is on it)."""
         refs: dict[str, ObjectId] = {}
@@ -461,14 +480,14 @@ class Maintenance:
                               f"whose tensors are gone ({len(missing)} missing): it cannot be "
                               "restored here; fetch it from a remote or delete the ref")
 
-    def _missing_tensors(self: Repo, oid: ObjectId) -> list[ObjectId]:
+    def _missing_tensors(self, oid: ObjectId) -> list[ObjectId]:
         try:
             manifest = self.read_manifest(self.read_commit(oid).manifest)
         except VrlError:
             return []  # reported by _fsck_commits
         return [e.id for e in manifest.data_entries().values() if not self.objects.has(e.id)]
 
-    def _fsck_reflogs(self: Repo, state: FsckState) -> None:
+    def _fsck_reflogs(self, state: FsckState) -> None:
         """Every reflog line parses and names commits that are here (gc relies on them)."""
         for name in sorted(self.refs.all_logs()):
             try:
@@ -500,7 +519,7 @@ class Maintenance:
                               f"logs/{name} names commit {oid[:12]}, which is missing or "
                               "damaged")
 
-    def iter_commits(self: Repo) -> Iterator[ObjectId]:
+    def iter_commits(self) -> Iterator[ObjectId]:
         """Every commit object in the store, reachable or not."""
         for oid in self.objects.ids():
             try:
@@ -510,7 +529,7 @@ class Maintenance:
                 continue
 
 
-def _young_commit(repo: Repo, oid: ObjectId, cutoff: float) -> bool:
+def _young_commit(repo: Maintenance, oid: ObjectId, cutoff: float) -> bool:
     try:
         return repo.objects.mtime(oid) > cutoff and \
             repo.objects.kind_and_size(oid)[0] == "commit"

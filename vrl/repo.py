@@ -7,10 +7,10 @@ tag, reflog) stay fast. Tensor work imports them on first use.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import os
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,18 +97,19 @@ def default_author(config: Config) -> str:
     return f"{name} <{email}>" if email else name
 
 
-_FETCHER_INSTALLERS: list[Callable[[Repo], None]] = []
-_OPEN_REPOS: weakref.WeakSet[Repo] = weakref.WeakSet()
+REMOTE_LAYER = "vrl.remote"  # the entry-point group that names the remote layer
 
 
-def register_fetchers(install: Callable[[Repo], None]) -> None:
-    """Call `install(repo)` for every repository open now or opened later; it may set
-    `repo.fetch_missing` and `repo.fetch_pruned`. `vrl.remote` registers itself this way
-    when imported (the CLI imports it), so the core needs no import of the remote layer."""
-    if install not in _FETCHER_INSTALLERS:
-        _FETCHER_INSTALLERS.append(install)
-        for repo in list(_OPEN_REPOS):
-            install(repo)
+@functools.cache
+def remote_layer() -> Any:
+    """vrl's remote layer (`fetch_missing`, `fetch_pruned`), found through its entry point
+    (pyproject.toml): the store reaches remotes only on a miss, and never imports them."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=REMOTE_LAYER, name="fetchers"):
+        return ep.load()
+    raise VrlError("fetching from a remote needs vrl's remote layer, which vrl registers "
+                   "when it is installed: reinstall vrl (`pip install -e .` in a checkout)")
 
 
 class Repo(Maintenance, WorkspaceMixin):
@@ -116,11 +117,14 @@ class Repo(Maintenance, WorkspaceMixin):
 
     def __init__(self, path: str | Path = ".", *, fsync: bool | None = None,
                  verify: bool | None = None, journal: bool | None = None,
-                 direct: bool = False, parallel_hashing: bool = True) -> None:
+                 direct: bool = False, parallel_hashing: bool = True,
+                 fetch: bool = True) -> None:
         """Open the repository at `path` or above. `fsync`, `verify`, `journal`: override
         core.fsync, core.verify, core.journal. `direct`: write big objects with O_DIRECT
         where their payload is laid out for it; `parallel_hashing`: hash a very large
-        object on several cores (the Snapshotter's committer turns both)."""
+        object on several cores (the Snapshotter's committer turns both). `fetch`: what a
+        partial clone lacks (core.promisor) and a pruned snapshot's tensors are downloaded
+        from the remotes on demand; False never contacts a remote (the UI's views)."""
         self.vrl_dir = find_vrl_dir(path)
         self.workdir = self.vrl_dir.parent
         self.config = Config(self.vrl_dir / "config")
@@ -149,17 +153,9 @@ class Repo(Maintenance, WorkspaceMixin):
         self._manifests: dict[ObjectId, Manifest] = _Bounded(METADATA_CACHED)
         self.engine = CommitEngine(self, self._commits, self._manifests, self._journaled)
         self.reader = TensorReader(self, self.engine)
-        # The remote layer installs these (see register_fetchers); the core never imports
-        # a transport. fetch_missing: download these ids now (partial clones); its optional
-        # second argument maps ids to the (kind, payload size) a manifest promised, so the
-        # fetcher refuses a mismatch before anything is written. fetch_pruned: fetch a
-        # pruned snapshot's tensors from any remote that has them; True on success, else
-        # the names of the remotes tried ("" if none).
-        self.fetch_missing: Callable[..., None] | None = None
-        self.fetch_pruned: Callable[..., bool | str] | None = None
-        _OPEN_REPOS.add(self)
-        for install in _FETCHER_INSTALLERS:
-            install(self)
+        self.fetching = fetch
+        # a partial clone: objects not here are downloaded from this remote when read
+        self.lazy = fetch and bool(self.config.get("core", "promisor"))
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -230,7 +226,7 @@ class Repo(Maintenance, WorkspaceMixin):
         try:
             return self.objects.read(oid)
         except ObjectNotFoundError:
-            if self.fetch_missing is None:
+            if not self.lazy:
                 raise
             self.fetch_missing([oid])
             return self.objects.read(oid)
@@ -272,6 +268,24 @@ class Repo(Maintenance, WorkspaceMixin):
         with self.journal.maintaining() as checkpoint:
             yield checkpoint
 
+    def fetch_missing(self, ids: list[ObjectId],
+                      expect: dict[ObjectId, tuple[str, int]] | None = None) -> None:
+        """Download `ids` from the promisor remote of this partial clone. `expect` maps ids
+        to the (kind, payload size) a manifest promised: a mismatch is refused before
+        anything is written."""
+        if not self.lazy:
+            raise VrlError("this repository is not a partial clone (or was opened with "
+                           "fetch=False): nothing downloads on demand")
+        remote_layer().fetch_missing(self, ids, expect)
+
+    def fetch_pruned(self, ids: list[ObjectId],
+                     expect: dict[ObjectId, tuple[str, int]] | None = None) -> bool | str:
+        """Fetch a pruned snapshot's tensors from the first remote that has them all: True,
+        else the names of the remotes tried ("" if none, or opened with fetch=False)."""
+        if not self.fetching or not self.config.sections('remote "'):
+            return ""
+        return remote_layer().fetch_pruned(self, ids, expect)
+
     # ------------------------------------------------------------------ revisions
     def head(self) -> ObjectId | None:
         return self.refs.read("HEAD")
@@ -284,7 +298,7 @@ class Repo(Maintenance, WorkspaceMixin):
         """Turn a revision (id prefix, branch, tag, HEAD, REV~n, REV^n, REF@{n}) into a
         commit id (vrl/revisions.py)."""
         return Revisions(self.objects, self.refs, self.read_commit,
-                         lazy=self.fetch_missing is not None).resolve(rev)
+                         lazy=self.lazy).resolve(rev)
 
     def _commits_with_prefix(self, prefix: str) -> list[ObjectId]:
         return Revisions(self.objects, self.refs, self.read_commit).commits_with_prefix(prefix)
@@ -352,8 +366,7 @@ class Repo(Maintenance, WorkspaceMixin):
                 raise
             entries = manifest.data_entries().values()
             tried = self.fetch_pruned([e.id for e in entries],
-                                      {e.id: ("tensor", e.nbytes) for e in entries}) \
-                if self.fetch_pruned is not None else ""
+                                      {e.id: ("tensor", e.nbytes) for e in entries})
             if tried is True:
                 return
             where = f"no configured remote ({tried}) has it" if tried else \
@@ -366,7 +379,7 @@ class Repo(Maintenance, WorkspaceMixin):
                       verify: bool = False) -> Any:
         if unflatten is None:
             from vrl.tensors import unflatten
-        if self.fetch_missing is not None:  # fetch what is missing in one batch
+        if self.lazy:  # fetch what is missing in one batch
             missing = [e for e in manifest.tensors.values() if not self.objects.has(e.id)]
             if missing:
                 self.reader.fetch_or_fail(missing)
@@ -379,11 +392,29 @@ class Repo(Maintenance, WorkspaceMixin):
                 tensors[name] = tensors[entry.tie]
         return unflatten(manifest.tree, tensors)
 
+    def load_into(self, module: Any, rev: str = "HEAD", optimizer: Any = None) -> ObjectId:
+        """Load snapshot `rev` into `module` (and `optimizer`) in place; return its id.
+
+        Unlike `checkout`, nothing moves: HEAD, branches, the reflog and the workspace
+        checkpoint stay as they are (an evaluation or a warm start from an old snapshot).
+        Every tensor is hashed to its id before it is copied (a damaged object is a
+        CorruptObjectError), and a snapshot pruned by retention is fetched back from a
+        remote that has it, as `checkout` does. `module` may be None to restore only the
+        optimizer; a snapshot without optimizer state is a VrlError when one is given.
+        """
+        if module is None and optimizer is None:
+            raise VrlError("load_into needs a module or an optimizer to load into")
+        oid = self.resolve(rev)
+        # every byte is copied into the module anyway: hashing it costs little more
+        load_into(self.load(oid, verify=True), module, optimizer)
+        return oid
+
     @writes
     def checkout(self, rev: str, model: Any = None, optimizer: Any = None,
                  create_branch: str | None = None, workspace: bool = False) -> ObjectId:
         """Load `rev` into `model`/`optimizer` (and the workspace checkpoint), then move HEAD
-        (attached when `rev` is a branch).
+        (attached when `rev` is a branch), as `git checkout` does; `load_into` loads
+        without moving anything.
 
         Data first, refs last: a snapshot that cannot be loaded or written (pruned, missing,
         a full disk) leaves HEAD and every branch where they were.

@@ -164,14 +164,13 @@ class TensorReader:
 
     def fetch_or_fail(self, entries: list[TensorEntry]) -> None:
         missing = [e.id for e in entries if not self.repo.objects.has(e.id)]
-        if missing and self.repo.fetch_missing is not None:
+        if missing and self.repo.lazy:
             self.repo.fetch_missing(missing, {e.id: ("tensor", e.nbytes) for e in entries})
             missing = [m for m in missing if not self.repo.objects.has(m)]
-        if missing and self.repo.fetch_missing is None and self.repo.config.get("core", "promisor"):
+        if missing and not self.repo.fetching and self.repo.config.get("core", "promisor"):
             raise PrunedError(f"tensor data {missing[0][:12]} is not here yet: this is a "
-                              "partial clone, and objects download on demand only once the "
-                              "remote layer is loaded (`import vrl.remote`, as the vrl CLI "
-                              "does)")
+                              "partial clone opened with fetch=False, so nothing downloads "
+                              "on demand (open it with fetch=True, the default)")
         if missing:
             raise PrunedError(f"tensor data {missing[0][:12]} is not in this repository "
                               "(pruned, cloned with --metadata-only, or lost: `vrl fsck` "

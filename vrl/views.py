@@ -20,13 +20,13 @@ import functools
 import json
 import math
 import re
-import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from vrl.errors import ObjectNotFoundError, PrunedError, VrlError
-from vrl.objects import Commit, ObjectId
+from vrl.history import History, ref_names, refs_token, split_stats  # noqa: F401 - part of the views API
+from vrl.objects import ObjectId
 from vrl.refs import short_ref
 from vrl.repo import Repo
 
@@ -110,180 +110,6 @@ def natural_key(text: str) -> list[Any]:
 
 def first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
-
-
-# ---------------------------------------------------------------------------- history
-
-
-# The tail of a canonical commit: its keys are sorted, so the statistics (most of its
-# bytes: a dict per layer) come last but for the step and the time.
-_TAIL = re.compile(rb',"step":(?:-?[0-9]+|null),"time":"[^"\\]*"\}\Z')
-_STATS_KEY = b'],"stats":'  # after the parents list
-_FIELDS = tuple(f',"{name}":'.encode() for name in ("author", "env", "format", "hparams",
-                                                      "manifest", "message", "meta",
-                                                      "metrics", "parents"))
-
-
-def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:
-    """(the commit without its statistics, the statistics' JSON) of a canonical commit
-    payload, or None where its bytes are not laid out that way.
-
-    Parsing a commit without its statistics is several times faster, and only the
-    heatmap and a commit's details need them. The cut is taken at the last `],"stats":`
-    before the tail: a match inside a nested value leaves brackets unclosed (the tail
-    closes one level), so a commit the cut misreads is never valid JSON - the caller
-    then parses it whole, as it does bytes that are not canonical.
-    """
-    tail = _TAIL.search(payload)
-    if tail is None:
-        return None
-    key = payload.rfind(_STATS_KEY, 0, tail.start())
-    if key < 0:
-        return None
-    start = key + len(_STATS_KEY)
-    stats = payload[start:tail.start()]
-    # A commit's field after its statistics would be cut away with them: never in a
-    # canonical commit (sorted keys), so such bytes (even a layer so named) are read whole
-    if any(field in stats for field in _FIELDS):
-        return None
-    return payload[:start] + b"{}" + payload[tail.start():], stats
-
-
-class History:
-    """Commits as the views read them: each object read and parsed once, without its
-    layer statistics (`layers` reads those for the heatmap); first-parent lines walked
-    once. Kept per open repository (commits never change), so a long-lived server that
-    holds its `Repo` reads each commit once in all."""
-
-    _by_repo: weakref.WeakKeyDictionary[Repo, History] = weakref.WeakKeyDictionary()
-
-    def __init__(self, repo: Repo) -> None:
-        self.repo = repo
-        self._commits: dict[ObjectId, Commit] = {}
-        self._layers: dict[tuple[ObjectId, str], dict[str, tuple[float | None, bool]]] = {}
-        self._lines: dict[ObjectId, list[ObjectId]] = {}
-        # {metrics asked for: {commit: (last, best) up to it}}, see _metric_summary
-        self.summaries: dict[frozenset[str] | None, dict[ObjectId, tuple[dict, dict]]] = {}
-
-    @classmethod
-    def of(cls, repo: Repo) -> History:
-        history = cls._by_repo.get(repo)
-        if history is None:
-            history = cls._by_repo[repo] = cls(repo)
-        return history
-
-    def _payload(self, oid: ObjectId) -> bytes | None:
-        try:
-            kind, payload = self.repo.objects.read(oid)
-        except VrlError:  # missing (a lazy fetch), corrupt: the full read says why
-            return None
-        return payload if kind == "commit" else None
-
-    def commit(self, oid: ObjectId) -> Commit:
-        """The commit `oid` (its `stats` empty: see `layers`)."""
-        commit = self._commits.get(oid)
-        if commit is None:
-            payload = self._payload(oid)
-            parts = split_stats(payload) if payload is not None else None
-            try:
-                commit = Commit.from_bytes(parts[0]) if parts else None
-            except VrlError:
-                commit = None
-            if commit is None:  # not canonical, or not readable here: the full path
-                full = self.repo.read_commit(oid)
-                commit = Commit(**{**full.__dict__, "stats": {}})
-            self._commits[oid] = commit
-        return commit
-
-    def stats(self, oid: ObjectId) -> dict[str, Any]:
-        """The commit's stored statistics (parsed on each call: they are large)."""
-        payload = self._payload(oid)
-        parts = split_stats(payload) if payload is not None else None
-        if parts is not None:
-            try:
-                stats = json.loads(parts[1])
-            except (ValueError, RecursionError):
-                stats = None
-            if isinstance(stats, dict):
-                return stats
-        return self.repo.read_commit(oid).stats
-
-    def layers(self, oid: ObjectId, prefix: str = "") -> dict[str, tuple[float | None, bool]]:
-        """{layer: (relative change against the first parent or None, material)} of the
-        layers whose names start with `prefix`, as the commit stores them ({} where it
-        stores none against its first parent)."""
-        key = (oid, prefix)
-        if key not in self._layers:
-            commit = self.commit(oid)
-            stats = self.stats(oid)
-            out: dict[str, tuple[float | None, bool]] = {}
-            layers = stats.get("layers")
-            parent = commit.parents[0] if commit.parents else None
-            if isinstance(layers, dict) and stats.get("parent") == parent:
-                isfinite = math.isfinite
-                for name, entry in layers.items():
-                    # the hot loop (layers x commits): type tests, not isinstance
-                    if entry.__class__ is not dict or not name.startswith(prefix):
-                        continue
-                    rel = entry.get("rel")
-                    cls = rel.__class__
-                    ok = (cls is float and isfinite(rel)) or cls is int
-                    out[name] = (rel if ok else None, entry.get("material") is True)
-            self._layers[key] = out
-        return self._layers[key]
-
-    def has(self, oid: ObjectId) -> bool:
-        try:
-            self.commit(oid)
-        except ObjectNotFoundError:  # beyond a shallow history
-            return False
-        return True
-
-    def line(self, head: ObjectId) -> list[ObjectId]:
-        """The first-parent line ending at `head`, oldest first."""
-        if head not in self._lines:
-            out = [head]
-            parents = self.commit(head).parents
-            while parents and self.has(parents[0]):
-                out.append(parents[0])
-                parents = self.commit(parents[0]).parents
-            out.reverse()
-            self._lines[head] = out
-        return self._lines[head]
-
-    def reachable(self, heads: Iterable[ObjectId]) -> list[ObjectId]:
-        """Every commit reachable from `heads` (all parents), in no particular order."""
-        seen: set[ObjectId] = set()
-        stack = [h for h in heads if self.has(h)]
-        out = []
-        while stack:
-            oid = stack.pop()
-            if oid in seen:
-                continue
-            seen.add(oid)
-            out.append(oid)
-            stack.extend(p for p in self.commit(oid).parents if p not in seen and self.has(p))
-        return out
-
-
-def ref_names(repo: Repo) -> dict[ObjectId, list[str]]:
-    """Commit id -> the short names of the refs at it (`main`, `tag: best`, `origin/exp`)."""
-    out: dict[ObjectId, list[str]] = {}
-    for ref, oid in repo.refs.list().items():
-        name = short_ref(ref)
-        out.setdefault(oid, []).append(f"tag: {name}" if ref.startswith("refs/tags/")
-                                       else name)
-    return out
-
-
-def refs_token(repo: Repo) -> str:
-    """A short digest of every ref and HEAD: it changes exactly when one moves (a new
-    commit, branch or tag), so a viewer can poll it cheaply to know when to refresh."""
-    import hashlib
-
-    refs = repo.refs.list()
-    text = json.dumps([repo.refs.read_raw("HEAD"), sorted(refs.items())])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
@@ -779,3 +605,102 @@ def diff(repo: Repo, a: str, b: str, threshold: float | None = None) -> dict[str
     except (PrunedError, ObjectNotFoundError) as exc:
         out["diff"], out["error"] = None, str(exc)
     return out
+
+
+# ---------------------------------------------------------------------------- lineage
+
+
+def setting_changes(new: dict[str, Any], old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The flattened keys whose values differ from `old` to `new` ({key, value, old,
+    status: added / removed / changed}); none where either side records nothing (a
+    commit made without hyperparameters or environment leaves them unknown, not unset)."""
+    if not new or not old or (new == old and _same_types(new, old)):  # most commits
+        return []
+    return [entry for entry in _changes(new, old) if entry["status"] != "same"]
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """Whether two equal values (`a == b`) hold the same types throughout, so that they
+    are `_same` too (1, 1.0 and True are equal in Python) - without JSON text, which cost
+    `vrl log` more than reading the commits."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return all(_same_types(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return all(_same_types(x, y) for x, y in zip(a, b, strict=True))
+    return True
+
+
+def hparam_changes(repo: Repo, oid: ObjectId) -> list[dict[str, Any]]:
+    """The hyperparameters commit `oid` changed against its first parent (see
+    `setting_changes`; none for a root commit or a parent beyond a shallow history)."""
+    history = History.of(repo)
+    commit = history.commit(oid)
+    if not commit.parents or not history.has(commit.parents[0]):
+        return []
+    return setting_changes(commit.hparams, history.commit(commit.parents[0]).hparams)
+
+
+def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
+    """The first commit of each run's own (after its branch point), with where it forked:
+    {id: {"run": the run it starts, "from": the run it forked from, "id": the commit it
+    forked at, "step": that commit's step}}. The runs and branch points are those of
+    `runs()` (every local branch, and remote-tracking branches no local one shows), less
+    the branches made at a snapshot of a run that then went on (a bookmark, or a fork
+    not trained yet): no run forked from them."""
+    history = History.of(repo)
+    chosen = _select_runs(repo, None, False)
+    lines = {name: history.line(oid) for name, _, oid in chosen}
+    places = {name: {oid: i for i, oid in enumerate(line)} for name, line in lines.items()}
+    went_on = {name: _went_on(repo, ref, lines[name]) for name, ref, _ in chosen
+               if ref is not None}
+    runs = [(name, oid) for name, _, oid in chosen
+            if not any(head != oid and oid in places[other] and
+                       other in went_on and went_on[other](places[other][oid])
+                       for other, _, head in chosen)]
+    points = _branch_points(history, [oid for _, oid in runs], [name for name, _ in runs])
+    out: dict[ObjectId, dict[str, Any]] = {}
+    for (name, _), point in zip(runs, points, strict=True):
+        if point is not None:
+            out.setdefault(lines[name][point["index"] + 1],
+                           {"run": name, "from": point["run"], "id": point["id"],
+                            "step": point["step"]})
+    return out
+
+
+def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool]:
+    """Whether the run of `ref` (its first-parent `line`) went on from its snapshot at
+    index i, rather than forking there (as a function of i).
+
+    The graph alone cannot tell a run that forked from another's last snapshot from one
+    that went on past a branch made at its snapshot. The run's reflog can: a run whose
+    ref was made before that snapshot, or by committing it, went on; one made there or
+    later (as `vrl train --from` makes a fork, or a clone) forked there. Without a
+    reflog: forked, as runs() takes it."""
+    log = repo.refs.reflog(ref)
+    if not log or log[-1].new not in line:
+        return lambda i: False
+    born = line.index(log[-1].new)
+    by_commit = log[-1].reason.startswith("commit")
+    return lambda i: born < i or (born == i and by_commit)
+
+
+def common_ancestor(repo: Repo, a: ObjectId, b: ObjectId) -> ObjectId | None:
+    """The newest commit (by time) that both `a` and `b` descend from or are, as git's
+    merge base; None for unrelated histories."""
+    import heapq
+
+    history = History.of(repo)
+    ours = set(history.reachable([a]))
+    seen = {b}
+    ready = [(_neg(history.commit(b).time), b)] if history.has(b) else []
+    while ready:
+        _, oid = heapq.heappop(ready)
+        if oid in ours:
+            return oid
+        for p in history.commit(oid).parents:
+            if p not in seen and history.has(p):
+                seen.add(p)
+                heapq.heappush(ready, (_neg(history.commit(p).time), p))
+    return None

@@ -29,12 +29,13 @@ from vrl.errors import (
     WorkspaceError,
     storage_error,
 )
-from vrl.objects import Manifest, ObjectId, TensorEntry, is_object_id
+from vrl.objects import Commit, Manifest, ObjectId, TensorEntry, is_object_id
 from vrl.safetensors_file import write_stream
 
 if TYPE_CHECKING:
-    from vrl.repo import Repo
-    from vrl.safetensors_file import FileSlice, SafetensorsFile
+    from vrl.config import Config
+    from vrl.object_store import FileObjectStore
+    from vrl.safetensors_file import FileSlice, RawTensor, SafetensorsFile
 
     Chunk = memoryview | bytes | FileSlice  # a piece of a file being written
 
@@ -308,16 +309,32 @@ def _boot_id() -> str | None:
 
 
 class WorkspaceMixin:
-    """The workspace checkpoint, Git's working tree for policies (mixed into Repo)."""
+    """The workspace checkpoint, Git's working tree for policies (mixed into Repo, which
+    provides what is declared here: the mixin never imports Repo)."""
+
+    workdir: Path
+    vrl_dir: Path
+    config: Config
+    objects: FileObjectStore
+    threshold: float
+    head: Callable[[], ObjectId | None]
+    read_commit: Callable[[ObjectId], Commit]
+    read_manifest: Callable[[ObjectId], Manifest]
+    read_tensor: Callable[[TensorEntry], RawTensor]
+    read_verified: Callable[[TensorEntry], memoryview]
+    tensor_chunk: Callable[[TensorEntry], memoryview | FileSlice]
+    load: Callable[..., Any]
+    snapshot: Callable[..., tuple[ObjectId, Manifest, set[ObjectId]]]
+    require_data: Callable[[ObjectId, Manifest], None]
 
     @property
-    def workspace_path(self: Repo) -> Path:
+    def workspace_path(self) -> Path:
         return self.workdir / (self.config.get("core", "workspace") or "policy.safetensors")
 
-    def _index_path(self: Repo) -> Path:
+    def _index_path(self) -> Path:
         return self.vrl_dir / "index"
 
-    def workspace_manifest(self: Repo, path: Path | None = None
+    def workspace_manifest(self, path: Path | None = None
                            ) -> tuple[ObjectId, Manifest] | None:
         """The manifest the workspace checkpoint would have (None if the file is absent).
 
@@ -341,7 +358,7 @@ class WorkspaceMixin:
             self.record_workspace(path, mid, before)
         return mid, manifest
 
-    def _index_lookup(self: Repo, path: Path, st: os.stat_result) -> ObjectId | None:
+    def _index_lookup(self, path: Path, st: os.stat_result) -> ObjectId | None:
         try:
             index = json.loads(self._index_path().read_text())
         except (OSError, ValueError):
@@ -353,7 +370,7 @@ class WorkspaceMixin:
             return ObjectId(index["manifest"])
         return None
 
-    def record_workspace(self: Repo, path: Path, manifest: ObjectId,
+    def record_workspace(self, path: Path, manifest: ObjectId,
                          before: os.stat_result | None = None) -> None:
         """Remember that `path` holds the snapshot whose manifest is `manifest`. `before`:
         the file's stat from before it was read; nothing is recorded if it changed since."""
@@ -372,7 +389,7 @@ class WorkspaceMixin:
         except OSError:
             pass  # only a cache
 
-    def workspace_status(self: Repo) -> tuple[str, DiffResult | None]:
+    def workspace_status(self) -> tuple[str, DiffResult | None]:
         """("clean" | "modified" | "missing" | "untracked", diff HEAD -> workspace)."""
         current = self.workspace_manifest()
         head = self.head()
@@ -387,7 +404,7 @@ class WorkspaceMixin:
         diff = self._diff_workspace(self.read_manifest(head_manifest), manifest)
         return "modified", diff
 
-    def _diff_workspace(self: Repo, old: Manifest, new: Manifest) -> DiffResult:
+    def _diff_workspace(self, old: Manifest, new: Manifest) -> DiffResult:
         from vrl.tensors import flatten, to_state
 
         state: dict[str, Any] | None = None
@@ -403,14 +420,14 @@ class WorkspaceMixin:
 
         return compare(old, new, load, threshold=self.threshold)
 
-    def write_workspace(self: Repo, oid: ObjectId, path: Path | None = None) -> Path:
+    def write_workspace(self, oid: ObjectId, path: Path | None = None) -> Path:
         path = path or self.workspace_path
         commit = self.read_commit(oid)
         self.export(oid, path)
         self.record_workspace(path, commit.manifest)
         return path
 
-    def export(self: Repo, oid: ObjectId, path: str | Path) -> None:
+    def export(self, oid: ObjectId, path: str | Path) -> None:
         """Write snapshot `oid` to a checkpoint file, atomically.
 
         `.safetensors`: without torch; a snapshot committed from a safetensors file gives
@@ -428,7 +445,7 @@ class WorkspaceMixin:
         head, chunks, size = self._safetensors_parts(manifest)
         _atomic_write(path, lambda tmp: write_stream(tmp, head, chunks, size))
 
-    def _safetensors_parts(self: Repo, manifest: Manifest
+    def _safetensors_parts(self, manifest: Manifest
                            ) -> tuple[bytes | memoryview, Iterable[Chunk], int]:
         """The file's header, its tensors' bytes in data order (each verified as it is
         read: `tensor_chunk`), and its size."""
@@ -456,7 +473,7 @@ class WorkspaceMixin:
                                      f"({exc}); run `vrl fsck`") from exc
         return head, _checked(chunks), header.size + header.data_size
 
-    def ensure_clean_workspace(self: Repo) -> None:
+    def ensure_clean_workspace(self) -> None:
         status, _ = self.workspace_status()
         if status == "modified":
             raise WorkspaceError(f"{self.workspace_path.name} has uncommitted changes; commit "

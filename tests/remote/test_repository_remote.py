@@ -107,7 +107,7 @@ def test_a_fetch_replays_what_a_killed_committer_left_in_the_journal(tmp_path):
     src, first = _source(tmp_path)
     # the write-out is never started: the process dies right after the commit point
     script = ("import os, sys, numpy as np\nfrom vrl import Repo, journal\n"
-              "journal._hand_off = lambda handle, job: None\n"
+              "journal.hand_off = lambda handle, job: None\n"
               "r = Repo(sys.argv[1])\n"
               "print(r.commit({'w': np.full((16, 16), 5, np.float32)}, env=False), "
               "flush=True)\n"

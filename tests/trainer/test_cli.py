@@ -242,3 +242,83 @@ def test_ctrl_c_while_importing_exits_130(tmp_path, entry, delay):
     err = "".join(line for line in lines if not line.startswith("import time:"))
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+def _env_kwargs_of(monkeypatch, tmp_path, args):
+    """The keyword arguments `vrl train ARGS` hands to the env factory."""
+    import trainer.envs
+
+    seen = []
+
+    def make_env(spec, num_envs, **kw):
+        seen.append(kw["env_kwargs"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(trainer.envs, "make_env", make_env)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(train, [*args, "--no-store", "--device", "cpu"])
+    assert result.exit_code == 1 and "stop here" in result.output, result.output
+    return seen[0]
+
+
+def test_a_nested_set_reaches_the_env_factory_as_the_same_yaml_does(tmp_path, monkeypatch):
+    (tmp_path / "run.yaml").write_text("env:\n  grid_config:\n    num_agents: 8\n"
+                                       "    width: 5\n")
+    by_set = _env_kwargs_of(monkeypatch, tmp_path, ["--set", "env.grid_config.num_agents=8",
+                                                    "--set", "env.grid_config.width=5"])
+    by_yaml = _env_kwargs_of(monkeypatch, tmp_path, ["--config", "run.yaml"])
+    assert by_set == by_yaml
+    assert by_set["grid_config"] == {"num_agents": 8, "width": 5}
+    both = _env_kwargs_of(monkeypatch, tmp_path, ["--config", "run.yaml",
+                                                  "--set", "env.grid_config.num_agents=2"])
+    assert both["grid_config"] == {"num_agents": 2, "width": 5}
+
+
+def test_a_typo_in_a_nested_set_is_one_line():
+    result = CliRunner().invoke(train, ["--set", "evn.grid_config.num_agents=8",
+                                        "--device", "cpu", "--no-store"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: unknown ppo config key 'evn' in --set "
+                                     "evn.grid_config.num_agents=8; did you mean 'env'?")
+
+
+def _planned(total, per, iteration=0, global_step=0):
+    """A stand-in for a Trainer as `vrl train` sets it up (fresh, or resumed)."""
+    from types import SimpleNamespace
+
+    from trainer.train import whole_iterations
+
+    remaining = max(0, total - global_step)
+    return SimpleNamespace(config=SimpleNamespace(total_steps=total), steps_per_iteration=per,
+                           iteration=iteration, global_step=global_step,
+                           num_iterations=iteration + whole_iterations(remaining, per))
+
+
+def test_steps_round_up_to_whole_iterations_and_say_so():
+    from trainer.cli import rounding_note
+
+    assert rounding_note(_planned(200_000, 4096)) == (
+        "--steps 200000 is 48.8 iterations of 4,096 steps: training 49 iterations "
+        "(200,704 steps)")
+    # README's first command: 819,200 steps of 8 worlds x 20 AGVs x 128 steps, exactly 40
+    assert _planned(819_200, 8 * 20 * 128).num_iterations == 40
+    assert rounding_note(_planned(819_200, 8 * 20 * 128)) is None
+    assert rounding_note(_planned(4095 * 3, 4096), "total_steps") == (
+        "total_steps 12285 is 2.999 iterations of 4,096 steps: training 3 iterations "
+        "(12,288 steps)")
+    # resumed at iteration 10: the same total, the same rounding
+    assert rounding_note(_planned(200_000, 4096, 10, 40_960)) == (
+        "--steps 200000 is 48.8 iterations of 4,096 steps: training 49 iterations "
+        "(200,704 steps)")
+
+
+def test_train_steps_that_are_not_whole_iterations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "200"])
+    assert result.exit_code == 0, result.output
+    assert "vrl: --steps 200 is 1.6 iterations of 128 steps: training 2 iterations " \
+           "(256 steps)\n" in result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["charts/global_step"] == 256
+    result = CliRunner().invoke(train, [*TINY, "--no-store", "--steps", "256"])
+    assert result.exit_code == 0 and "iterations of" not in result.stderr, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["charts/global_step"] == 256

@@ -174,3 +174,57 @@ def test_config_error_is_a_vrl_error_and_a_value_error():
     from vrl.errors import VrlError
 
     assert issubclass(ConfigError, VrlError) and issubclass(ConfigError, ValueError)
+
+
+NESTED_YAML = "env:\n  grid_config:\n    num_agents: 8\n"
+
+
+def test_nested_env_override_equals_the_same_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(NESTED_YAML)
+    by_set = load_config("ppo", None, ["env.grid_config.num_agents=8"]).env
+    by_yaml = load_config("ppo", path).env
+    assert by_set == by_yaml == {"grid_config": {"num_agents": 8}}
+
+
+def test_nested_env_override_keeps_the_siblings(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("env:\n  max_steps: 9\n  grid_config:\n    num_agents: 8\n"
+                    "    layout: {rows: 3, cols: 4}\n")
+    cfg = load_config("ppo", path, ["env.grid_config.num_agents=2",
+                                    "env.grid_config.layout.rows=5"])
+    assert cfg.env == {"max_steps": 9, "grid_config": {"num_agents": 2,
+                                                       "layout": {"rows": 5, "cols": 4}}}
+    # a stored config (--from) without a file: the overrides merge into its env
+    cfg = load_config("ppo", None, ["env.grid_config.layout={rows: 1}"],
+                      base={"env": {"grid_config": {"seed": 4}, "speed": 2}})
+    assert cfg.env == {"speed": 2, "grid_config": {"seed": 4, "layout": {"rows": 1}}}
+    # a value that is not a mapping replaces the mapping, as in YAML
+    assert load_config("ppo", path, ["env.grid_config=3"]).env == {"max_steps": 9,
+                                                                   "grid_config": 3}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("evn.grid_config.num_agents=8",
+     "unknown ppo config key 'evn' in --set evn.grid_config.num_agents=8; did you mean "
+     "'env'?"),
+    ("learnin_rate=1e-3", "unknown ppo config key 'learnin_rate'; did you mean "
+                          "'learning_rate'?"),
+    ("learning_rate.x=1", "--set learning_rate.x=1: learning_rate is a single value, not a "
+                          "section (only env.* and dirty.* keys nest); use "
+                          "--set learning_rate=VALUE"),
+    ("env..a=1", "override 'env..a=1': empty part in the key 'env..a'"),
+    ("env=5", "--set env=5: env must be a mapping of env settings, got 5"),
+    ("dirty.threshold.x=1", "dirty.threshold: expected float"),
+])
+def test_bad_nested_overrides_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("ppo", None, [override])
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_an_env_that_is_not_a_mapping_in_a_file_is_a_config_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("env: 5\n")
+    with pytest.raises(ConfigError, match="c.yaml: env must be a mapping"):
+        load_config("ppo", path)

@@ -22,12 +22,7 @@ def pass_repo(func: Callable) -> Callable:
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        repo = Repo(".")
-        if repo.config.get("core", "promisor") or repo.config.sections('remote "'):
-            # the remote layer installs its fetchers (lazy and pruned-snapshot downloads)
-            # into every open repository; the core never imports it itself
-            import vrl.remote  # noqa: F401
-        return func(repo, *args, **kwargs)
+        return func(Repo("."), *args, **kwargs)
 
     return wrapper
 

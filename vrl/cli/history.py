@@ -20,8 +20,11 @@ from vrl.cli._common import (
     table,
 )
 from vrl.cli.refs import warn_damaged_refs
+from vrl.errors import ObjectNotFoundError
 from vrl.refs import short_ref
 from vrl.repo import LogEntry, Repo
+
+_SHOWN_CHANGES = 3  # hyperparameter changes on a `log --oneline` line; the rest are counted
 
 
 def _decorations(entry: LogEntry, head_target: str | None, detached_at: str | None) -> str:
@@ -42,11 +45,54 @@ def _decorations(entry: LogEntry, head_target: str | None, detached_at: str | No
     return safe(f" ({', '.join(names)})", one_line=True) if names else ""
 
 
-def _entry_json(entry: LogEntry) -> dict[str, Any]:
+def _value(value: Any) -> str:
+    # every digit of a float (fmt_num's 4 would print 0.30001 -> 0.30002 as 0.3 -> 0.3),
+    # and lists as JSON (true and 1 differ there, as they do in the stored config)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, dict)):
+        import json
+
+        return safe(json.dumps(value, sort_keys=True, default=str), True)
+    return fmt_num(value)
+
+
+def change_text(entry: dict[str, Any], sep: str = ": ") -> str:
+    """`learning_rate: 0.00025 -> 0.0001` for one `views.setting_changes` entry."""
+    old = _value(entry["old"]) if "old" in entry else "(unset)"
+    new = "(unset)" if entry["status"] == "removed" else _value(entry["value"])
+    return f"{safe(entry['key'], True)}{sep}{old} -> {new}"
+
+
+def fork_text(fork: dict[str, Any], verb: str = "forked") -> str:
+    """`forked from small at step 4096 (a1b2c3d4e5f6)` for one `views.forks` entry."""
+    at = f" at step {fork['step']}" if fork["step"] is not None else ""
+    return safe(f"{verb} from {fork['from']}{at} ({short(fork['id'])})", True)
+
+
+def _fork_json(fork: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if fork is None else {"run": fork["from"], "id": fork["id"],
+                                      "step": fork["step"]}
+
+
+def _entry_json(entry: LogEntry, fork: dict[str, Any] | None,
+                changes: list[dict[str, Any]]) -> dict[str, Any]:
     c = entry.commit
     return {"id": entry.id, "parents": list(c.parents), "message": c.message,
             "author": c.author, "time": c.time, "step": c.step, "metrics": c.metrics,
-            "refs": list(entry.refs), "summary": c.stats.get("summary")}
+            "refs": list(entry.refs), "summary": c.stats.get("summary"),
+            "forked_from": _fork_json(fork), "hparam_changes": changes}
+
+
+def _oneline_notes(fork: dict[str, Any] | None, changes: list[dict[str, Any]]) -> str:
+    """` [forked from small at step 40 (...); lr 0.1 -> 0.3, +2 more]`, or nothing."""
+    notes = [fork_text(fork)] if fork else []
+    if changes:
+        shown = [change_text(e, " ") for e in changes[:_SHOWN_CHANGES]]
+        if len(changes) > _SHOWN_CHANGES:
+            shown.append(f"+{len(changes) - _SHOWN_CHANGES} more")
+        notes.append(", ".join(shown))
+    return f" [{'; '.join(notes)}]" if notes else ""
 
 
 @click.command()
@@ -59,21 +105,30 @@ def _entry_json(entry: LogEntry) -> dict[str, Any]:
 @pass_repo
 def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names: str | None,
         as_json: bool) -> None:
-    """Show the history of snapshots reachable from REV."""
+    """Show the history of snapshots reachable from REV.
+
+    A run's first snapshot names the run it forked from, and a snapshot whose
+    hyperparameters differ from its parent's lists the changes."""
+    from vrl import views
+    from vrl.history import History
+
     entries = repo.log(rev, max_count=max_count)
     warn_damaged_refs(repo)
-    if as_json:
-        echo_json([_entry_json(e) for e in entries])
-        return
-    if not entries:
+    if not entries and not as_json:
         click.echo("No commits yet")
         return
-    if metric_names is not None:
+    if metric_names is not None and not as_json:
         names = [m for m in metric_names.split(",") if m]
         rows = [[short(e.id), fmt_num(e.commit.step),
                  *[fmt_num(e.commit.metrics.get(m)) for m in names],
                  first_line(e.commit.message)] for e in entries]
         click.echo(table(["commit", "step", *names, "message"], rows))
+        return
+    History.of(repo).remember((e.id, e.commit) for e in entries)  # read once, not twice
+    fork_of = views.forks(repo) if entries else {}
+    if as_json:
+        echo_json([_entry_json(e, fork_of.get(e.id), views.hparam_changes(repo, e.id))
+                   for e in entries])
         return
     head_target = repo.refs.head_target()
     detached_at = repo.head() if head_target is None else None
@@ -81,14 +136,20 @@ def log(repo: Repo, rev: str, max_count: int | None, oneline: bool, metric_names
     for e in entries:
         c = e.commit
         decorations = _decorations(e, head_target, detached_at)
+        fork, changes = fork_of.get(e.id), views.hparam_changes(repo, e.id)
         if oneline:
-            out.append(f"{color(short(e.id), 'yellow')}{decorations} {first_line(c.message)}")
+            out.append(f"{color(short(e.id), 'yellow')}{decorations} {first_line(c.message)}"
+                       f"{_oneline_notes(fork, changes)}")
             continue
         out.append(color(f"commit {e.id}", "yellow") + decorations)
+        if fork:
+            out.append(fork_text(fork, "Forked"))
         out.append(f"Author: {safe(c.author, True)}")
         out.append(f"Date:   {safe(c.time, True)}")
         if c.step is not None:
             out.append(f"Step:   {safe(c.step, True)}")
+        if changes:
+            out.append("Hparams: " + ", ".join(change_text(ch, " ") for ch in changes))
         if c.metrics:
             out.append("Metrics: " + " ".join(f"{safe(k, True)}={fmt_num(v)}" for k, v in
                                               sorted(c.metrics.items())))
@@ -124,16 +185,25 @@ _only_option = click.option(
 @pass_repo
 def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
          only: tuple[str, ...], as_json: bool) -> None:
-    """Show a snapshot: message, hyperparameters, environment, metrics and layer changes."""
+    """Show a snapshot: message, hyperparameters (and those it changed against its
+    parent), environment, metrics and layer changes; a run's first snapshot also names
+    the run it forked from."""
+    from vrl import views
+
     oid = repo.resolve(rev)
     c = repo.read_commit(oid)
     diff = repo.diff(oid, threshold=threshold).with_layout(c.meta).with_only(only)
+    fork = views.forks(repo).get(oid)
+    changes = views.hparam_changes(repo, oid)
     if as_json:
-        echo_json({**c.to_json(), "id": oid, "diff": diff.to_json()})
+        echo_json({**c.to_json(), "id": oid, "diff": diff.to_json(),
+                   "forked_from": _fork_json(fork), "hparam_changes": changes})
         return
     click.echo(color(f"commit {oid}", "yellow"))
     if c.parents:
         click.echo(f"Parent: {c.parents[0]}")
+    if fork:
+        click.echo(fork_text(fork, "Forked"))
     click.echo(f"Author: {safe(c.author, True)}")
     click.echo(f"Date:   {safe(c.time, True)}")
     if c.step is not None:
@@ -141,6 +211,10 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
     click.echo("")
     for line in str(c.message or "").splitlines() or [""]:
         click.echo(f"    {safe(line, True)}")
+    if changes:
+        click.echo(f"\nHyperparameters changed against the parent ({short(c.parents[0])}):")
+        for entry in changes:
+            click.echo(f"  {change_text(entry)}")
     for title, data in (("Hyperparameters", c.hparams), ("Metrics", c.metrics),
                         ("Environment", c.env), ("Metadata", c.meta)):
         if data:
@@ -165,8 +239,11 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
 
     With one revision: what that snapshot changed against its parent. With none: the
     workspace checkpoint against HEAD. A training snapshot is shown as model layers,
-    optimizer state by parameter, and other state (RNG, environment, counters).
+    optimizer state by parameter, and other state (RNG, environment, counters). Between
+    two snapshots, the hyperparameters and environment that differ follow the layers.
     """
+    settings: dict[str, Any] = {}
+    apart = ""  # where two diverged runs last shared a snapshot
     if a is None:
         state, result = repo.workspace_status()
         if result is None:
@@ -179,12 +256,46 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
             result = result.with_threshold(threshold)
     else:
         result = repo.diff(a, b, threshold=threshold)
-        result = result.with_layout(repo.read_commit(repo.resolve(b or a)).meta)
+        new_id = repo.resolve(b or a)
+        new = repo.read_commit(new_id)
+        result = result.with_layout(new.meta)
+        old_id = repo.resolve(a) if b is not None else (new.parents or [None])[0]
+        settings = _setting_diffs(repo, old_id, new)
+        if b is not None and old_id is not None:
+            from vrl import views
+
+            base = views.common_ancestor(repo, old_id, new_id)
+            settings["common_ancestor"] = base
+            if base is not None and base not in (old_id, new_id):  # not one line
+                step = repo.read_commit(base).step
+                at = f" (step {step})" if step is not None else ""
+                apart = safe(f"{a} and {b} share history up to {short(base)}{at}", True)
     result = result.with_only(only)
     if as_json:
-        echo_json(result.to_json())
-    else:
-        click.echo(render_diff(result, only_changed=not show_all))
+        echo_json({**result.to_json(), **settings})
+        return
+    click.echo(render_diff(result, only_changed=not show_all))
+    if apart:
+        click.echo(f"\n{apart}")
+    for title, key in (("Hyperparameters", "hparams"), ("Environment", "env")):
+        if settings.get(key):
+            click.echo(f"\n{title}:")
+            for entry in settings[key]:
+                click.echo(f"  {change_text(entry)}")
+
+
+def _setting_diffs(repo: Repo, old_id: str | None, new: Any) -> dict[str, Any]:
+    """{"hparams": changes, "env": changes} from commit `old_id` (None: a root) to `new`."""
+    from vrl import views
+
+    if old_id is None:
+        return {"hparams": [], "env": []}
+    try:
+        old = repo.read_commit(old_id)
+    except ObjectNotFoundError:  # a parent beyond a shallow history
+        return {"hparams": [], "env": []}
+    return {"hparams": views.setting_changes(new.hparams, old.hparams),
+            "env": views.setting_changes(new.env, old.env)}
 
 
 @click.command()

@@ -93,7 +93,8 @@ def commit(repo: Repo, file: str | None, message: str | None, hparams_file: str 
     hparams = {**_load_hparams(hparams_file), **parse_assignments(hparam_items, "--set")}
     oid = repo.commit(open_checkpoint(path), message=message or f"commit {path.name}",
                       hparams=hparams, metrics=parse_metrics(metric_items),
-                      step=step, env=not no_env, allow_empty=allow_empty)
+                      step=step, env=not no_env, allow_empty=allow_empty,
+                      meta=_source_meta(repo, path))
     c = repo.read_commit(oid)
     if path.resolve() == repo.workspace_path.resolve():
         repo.record_workspace(path, c.manifest, before)
@@ -104,6 +105,41 @@ def commit(repo: Repo, file: str | None, message: str | None, hparams_file: str 
     where = repo.current_branch() or "detached HEAD"
     root = "" if c.parents else " (root-commit)"
     click.echo(f"[{where}{root} {short(oid)}] {first_line(c.message)}\n {summary}")
+
+
+# commit metadata: the file `vrl commit FILE` read, when it is not the workspace checkpoint
+SOURCE_KEY = "source_file"
+
+
+def _source_meta(repo: Repo, path: Path) -> dict[str, str] | None:
+    """`{"source_file": "model.safetensors"}` for a FILE inside the work tree that is not
+    the workspace checkpoint, so that checkout can say which file it did not rewrite. Paths
+    outside the work tree are not recorded (a machine's layout stays out of the history),
+    nor is the workspace file (commits of it keep the ids they always had)."""
+    full = path.resolve()
+    if full == repo.workspace_path.resolve():
+        return None
+    try:
+        return {SOURCE_KEY: full.relative_to(repo.workdir.resolve()).as_posix()}
+    except ValueError:
+        return None
+
+
+def source_note(repo: Repo, oid: str) -> str | None:
+    """One line when snapshot `oid` was committed from another file than the workspace
+    checkpoint that checkout and reset --hard write (None otherwise)."""
+    import shlex
+
+    source = repo.read_commit(oid).meta.get(SOURCE_KEY)
+    if not isinstance(source, str) or not source:
+        return None
+    # (repository data: only compared and printed, never a path vrl writes to)
+    if (repo.workdir / source).resolve() == repo.workspace_path.resolve():
+        return None
+    quoted = shlex.quote(source)
+    return safe(f"note: wrote {repo.workspace_path.name} (the workspace checkpoint), not "
+                f"{source}, which {short(oid)} was committed from; to make checkout write "
+                f"{source}: vrl config set core.workspace {quoted}", True)
 
 
 @click.command()
@@ -139,6 +175,9 @@ def checkout(repo: Repo, rev: str | None, new_branch: str | None, force: bool,
         click.echo(f"HEAD is now at {short(target)} {first_line(c.message)} (detached)")
     if write:
         click.echo(f"Wrote {repo.workspace_path.name}")
+        note = source_note(repo, target)
+        if note:
+            click.echo(note, err=True)
 
 
 @click.command()
@@ -186,18 +225,50 @@ def status(repo: Repo, show_all: bool, as_json: bool) -> None:
         click.echo(render_diff(diff, only_changed=not show_all))
 
 
+def _ensure_nothing_lost(repo: Repo, target: str) -> None:
+    """Refuse a `reset --hard` that would overwrite workspace content no snapshot holds.
+
+    As checkout does: git's reset --hard discards such edits silently, and the reflog
+    that undoes the move cannot bring them back. A workspace that matches HEAD, or
+    already holds `target`, or is not there, loses nothing."""
+    from vrl.errors import WorkspaceError
+
+    current = repo.workspace_manifest()
+    if current is None or current[0] == repo.read_commit(target).manifest:
+        return
+    head = repo.head()
+    if head is not None and repo.read_commit(head).manifest == current[0]:
+        return
+    name = repo.workspace_path.name
+    what = "has uncommitted changes" if head is not None else "was never committed"
+    raise WorkspaceError(f"{name} {what} that reset --hard would discard; commit it "
+                         "(`vrl commit`), or use --force to discard it")
+
+
 @click.command()
 @click.argument("rev")
 @click.option("--hard", is_flag=True, help="Also rewrite the workspace checkpoint.")
+@click.option("-f", "--force", is_flag=True,
+              help="With --hard: discard uncommitted workspace changes.")
 @pass_repo
-def reset(repo: Repo, rev: str, hard: bool) -> None:
-    """Roll the current branch back (or forward) to REV in one command."""
+def reset(repo: Repo, rev: str, hard: bool, force: bool) -> None:
+    """Roll the current branch back (or forward) to REV in one command.
+
+    --hard also rewrites the workspace checkpoint; it refuses (as checkout does) when
+    that would lose uncommitted changes of the file, unless --force."""
+    if force and not hard:
+        raise click.UsageError("--force only applies with --hard")
+    if hard and not force:
+        _ensure_nothing_lost(repo, repo.resolve(rev))
     old, new = repo.reset(rev, workspace=hard)  # the workspace first, then the branch
     c = repo.read_commit(new)
     click.echo(f"HEAD is now at {short(new)} {first_line(c.message)}")
     if old and old != new:
         undo = f"vrl reset --hard {short(old)}" if hard else f"vrl reset {short(old)}"
         click.echo(f"(was {short(old)}; `{undo}` undoes this)")
+    note = source_note(repo, new) if hard else None
+    if note:
+        click.echo(note, err=True)
 
 
 COMMANDS = [init, commit, checkout, export, status, reset]

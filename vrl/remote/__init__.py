@@ -1,4 +1,4 @@
-"""Remotes: push, fetch, pull and clone snapshots over fsspec URLs (DESIGN.md section 4).
+"""Remotes: push, fetch, pull and clone snapshots over fsspec URLs (docs/remotes.md).
 
 Importing this package imports no backend; each is loaded when its URL is first opened.
 """
@@ -18,7 +18,6 @@ from vrl.remote.transfer import (
     TransferResult,
     clone,
     fetch,
-    install_lazy_fetcher,
     is_ancestor,
     pull,
     push,
@@ -26,6 +25,6 @@ from vrl.remote.transfer import (
 
 __all__ = [
     "RemoteStore", "TransferResult", "add_remote", "clone", "default_remote", "dvc_remote",
-    "fetch", "install_lazy_fetcher", "is_ancestor", "open_named", "open_remote", "pull",
+    "fetch", "is_ancestor", "open_named", "open_remote", "pull",
     "push", "redact", "remotes", "remove_remote", "rename_remote",
 ]

@@ -1,5 +1,5 @@
-"""Pull and clone, and the on-demand fetchers every repository opened gets (registered
-with vrl.repo when this module is imported)."""
+"""Pull and clone, and the on-demand downloads a repository asks for (`Repo.fetch_missing`
+and `Repo.fetch_pruned` find this module through the `vrl.remote` entry point)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from vrl.remote.common import (
 )
 from vrl.remote.errors import NonFastForwardError, RemoteError
 from vrl.remote.fetching import fetch, fetch_objects
-from vrl.repo import Repo, register_fetchers
+from vrl.repo import Repo
 
 
 def pull(repo: Repo, store: RemoteStore, remote_name: str, branch: str | None = None, *,
@@ -106,7 +106,7 @@ def clone(url: str, directory: str | Path | None = None, *, branch: str | None =
             if checkout and not metadata_only:
                 repo.write_workspace(tip)
         if metadata_only:
-            # Reopen so the lazy fetcher (installed from the config) is in place.
+            # reopened: a partial clone, as its config now says
             repo = Repo(target)
         return repo
     except BaseException:
@@ -135,23 +135,20 @@ def _remote_default_branch(repo: Repo, store: RemoteStore, remote_name: str) -> 
 # ------------------------------------------------------------------------------ lazy tensors
 
 
-def install_lazy_fetcher(repo: Repo, remote_name: str, jobs: int = DEFAULT_JOBS) -> None:
-    """Make missing objects download on demand from `remote_name` (partial clones)."""
+def fetch_missing(repo: Repo, ids: list[ObjectId],
+                  expect: dict[ObjectId, tuple[str, int]] | None = None,
+                  jobs: int = DEFAULT_JOBS) -> None:
+    """Download `ids` from a partial clone's promisor remote (`Repo.fetch_missing`)."""
+    from vrl.remote.config import open_named
 
-    def fetch_missing(ids: list[ObjectId],
-                      expect: dict[ObjectId, tuple[str, int]] | None = None) -> None:
-        from vrl.remote.config import open_named
-
-        store = open_named(repo, remote_name)
-        try:
-            fetch_objects(repo, store, list(ids), jobs=jobs, expect=expect)
-        finally:
-            store.close()
-
-    repo.fetch_missing = fetch_missing
+    store = open_named(repo, repo.config.get("core", "promisor"))
+    try:
+        fetch_objects(repo, store, list(ids), jobs=jobs, expect=expect)
+    finally:
+        store.close()
 
 
-def fetch_from_remotes(repo: Repo, ids: list[ObjectId],
+def fetch_pruned(repo: Repo, ids: list[ObjectId],
                        expect: dict[ObjectId, tuple[str, int]] | None = None) -> bool | str:
     """Fetch objects (a pruned snapshot's tensors) from the first remote that has them all;
     `expect` maps ids to the (kind, payload size) the manifest promised.
@@ -174,15 +171,3 @@ def fetch_from_remotes(repo: Repo, ids: list[ObjectId],
         if all(repo.objects.has(o) for o in ids):
             return True
     return ", ".join(names)
-
-
-def install_fetchers(repo: Repo) -> None:
-    """What the remote layer gives every repository it opens: on-demand downloads from the
-    promisor remote (partial clones) and fetching of pruned snapshots from remotes."""
-    promisor = repo.config.get("core", "promisor")
-    if promisor:
-        install_lazy_fetcher(repo, promisor)
-    repo.fetch_pruned = lambda ids, expect=None: fetch_from_remotes(repo, ids, expect)
-
-
-register_fetchers(install_fetchers)

@@ -242,7 +242,7 @@ def _upload(repo: Repo, store: RemoteStore, tips: list[ObjectId], remote_tips: l
     data = [o for o in tensors + manifests if o not in there]
     new_commits = [c for c in commits if c not in there]
     missing_local = [o for o in data if not repo.objects.has(o)]
-    if missing_local and repo.fetch_missing is not None:
+    if missing_local and repo.lazy:
         repo.fetch_missing(missing_local, {o: ("tensor", tensor_sizes[o]) for o in missing_local
                                            if o in tensor_sizes})
     for o in data:

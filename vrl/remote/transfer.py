@@ -19,9 +19,8 @@ PACK_SPLIT, LIST_THRESHOLD: pushing).
 
 from vrl.remote.cloning import (
     clone,
-    fetch_from_remotes,
-    install_fetchers,
-    install_lazy_fetcher,
+    fetch_missing,
+    fetch_pruned,
     pull,
 )
 from vrl.remote.common import (
@@ -60,7 +59,7 @@ __all__ = [
     "DEFAULT_JOBS", "FETCH_BATCH", "LIST_THRESHOLD", "MAX_COMMIT_BYTES", "MAX_MANIFEST_BYTES",
     "MAX_PARSE_BYTES", "ONE_PACK_MAX", "PACK_SPLIT", "PARSE_OVERHEAD", "REMOTE_PACK_MAX",
     "Links", "NoProgress", "Progress", "RefUpdate", "TransferResult", "ancestors", "clone",
-    "damaged_here", "fetch", "fetch_from_remotes", "fetch_objects", "install_fetchers",
-    "install_lazy_fetcher", "is_ancestor", "parse_cost", "parse_remote", "pull", "push",
+    "damaged_here", "fetch", "fetch_missing", "fetch_objects", "fetch_pruned",
+    "is_ancestor", "parse_cost", "parse_remote", "pull", "push",
     "verified_raw", "verify_file",
 ]

@@ -398,7 +398,7 @@ ATTACKS = st.one_of(damaged_object(), forged_manifest(), forged_commit(), damage
 
 
 def size_bomb(a: Attack) -> None:
-    """The bomb of issue 9.6, always tried: an empty tensor named as 4 GiB of float32."""
+    """A decompression-style bomb, always tried: an empty tensor named as 4 GiB of float32."""
     tensors = {"w": {"id": a.known.empty, "dtype": "float32", "shape": [1 << 30],
                      "nbytes": 0}}
     mid = a.forge("manifest", _json({"format": 1, "tensors": tensors, "tree": {"$t": "w"}}))

@@ -475,8 +475,7 @@ class RemoteConformance:
         reopened.write_workspace(ids[-1])
         assert_bit_exact(src, reopened, ids[-1])
         # without the remote, a missing tensor is a clear error, not a crash
-        bare = Repo(lazy.workdir)
-        bare.fetch_missing = None
+        bare = Repo(lazy.workdir, fetch=False)
         with pytest.raises(PrunedError):
             bare.load(ids[0])
 
@@ -491,7 +490,7 @@ class RemoteConformance:
         with pytest.raises(RefConflictError):
             store.cas_ref("refs/heads/x", ObjectId("1" * 64), "stale-token")
 
-    # -------------------------------------------------------------- trust (issue 9)
+    # -------------------------------------------------------------- trust
     def test_fetch_repairs_history_a_killed_gc_truncated(self, tmp_path: Path,
                                                          remote: RemoteCase) -> None:
         src = self.repo_with_remote(tmp_path / "src", remote)

@@ -23,6 +23,7 @@ from typing import Any
 
 from vrl import views
 from vrl.errors import VrlError
+from vrl.history import History
 from vrl.refs import short_ref
 from vrl.remote.base import redact
 from vrl.repo import Repo
@@ -41,10 +42,7 @@ class ApiError(VrlError, ValueError):
 def open_repo(path: str | Path = ".") -> Repo:
     """The repository, read-only as far as the views go: no lazy downloads (a view that
     needs tensor data that is not here says so instead of fetching it)."""
-    repo = Repo(path)
-    repo.fetch_missing = None
-    repo.fetch_pruned = None
-    return repo
+    return Repo(path, fetch=False)
 
 
 def _finite(value: Any) -> Any:
@@ -145,7 +143,7 @@ class Api:
                 pass
 
         def read_layers() -> None:
-            history = views.History.of(self.repo)
+            history = History.of(self.repo)
             for run in views.runs(self.repo, metrics=[]):
                 # the layers layer_heatmap() picks by default: the model's in a training
                 # snapshot (tests/test_ui_api.py checks that this stays in step)

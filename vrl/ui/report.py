@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from vrl import views
+from vrl.history import History
 from vrl.repo import Repo
 from vrl.ui.api import Api
 from vrl.ui.server import asset
@@ -46,7 +47,7 @@ def bundle(repo: Repo, revs: Sequence[str]) -> dict[str, Any]:
         summary["current_branch"] = names[0] if names else None
     out: dict[str, Any] = {"summary": summary}
     graph = api.graph({})
-    keep = set(views.History.of(repo).reachable(r["id"] for r in runs))
+    keep = set(History.of(repo).reachable(r["id"] for r in runs))
     graph["commits"] = [c for c in graph["commits"] if c["id"] in keep]
     out["graph"] = graph
     compare = views.compare(repo, names) if names else {"params": [], "metrics": [], "rows": []}
@@ -102,7 +103,7 @@ def _commit_pages(repo: Repo, commits: list[dict[str, Any]], heads: list[str]) -
     forks = {oid for oid, n in children.items() if n > 1}
     chosen = dict.fromkeys(c["id"] for c in commits if c["refs"] or c["id"] in forks or
                            any(p in forks for p in c["parents"][:1]))
-    history = views.History.of(repo)
+    history = History.of(repo)
     lines = [list(reversed(history.line(h))) for h in heads]
     depth = 0
     while len(chosen) < MAX_COMMIT_PAGES and any(depth < len(line) for line in lines):

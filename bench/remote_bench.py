@@ -9,8 +9,12 @@ a few tensors change per commit. For each we measure, in the same run:
   - `dvc push` of a whole-file checkpoint per commit, only when `dvc` is installed.
 Writes bench/out/remote_bench.json.
 
+`--backends-only`: the small history's push, no-op push and clone on every backend, each
+served on 127.0.0.1 (a local path; moto S3; asyncssh SFTP; fake-gcs-server; Azurite), a
+fresh remote per run; writes bench/out/remote_backends.json.
+
     nice -n 10 python bench/remote_bench.py [--size-mb 400] [--commits 50] [--changed 2]
-                                            [--repeat 5] [--skip-big]
+                                            [--repeat 5] [--skip-big] [--backends-only]
 """
 
 from __future__ import annotations
@@ -204,6 +208,74 @@ def run_case(name: str, tmp: Path, endpoint: str, n_tensors: int, tensor_bytes: 
     }
 
 
+BACKENDS = ("local", "s3", "sftp", "gs", "az")
+
+
+def run_backends(tmp: Path, commits: int, small_bytes: int, jobs: int, repeat: int,
+                 backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
+    """The small history pushed to and cloned from each backend: medians of `repeat` runs,
+    each into a fresh remote (bucket, container or directory)."""
+    from vrl.remote import add_remote, clone, open_named, push
+    from vrl.testing import servers
+    from vrl.testing.remote_conformance import azure_case, gcs_case, s3_case, ssh_case
+
+    repo = build_history(tmp / "backends-src", 8, small_bytes, commits, 1)
+    out: dict[str, Any] = {}
+    for backend in backends:
+        if backend == "s3":
+            server: Any = servers.s3_server(threaded=True)  # parallel uploads
+            new_case = lambda s=server: s3_case(s)  # noqa: E731
+        elif backend == "sftp":
+            setup = servers.sftp_server(tmp / "sshd")
+            server = setup.server
+            new_case = lambda s=setup: ssh_case(s)  # noqa: E731
+        elif backend == "gs":
+            server = servers.gcs_server()
+            new_case = lambda s=server: gcs_case(s)  # noqa: E731
+        elif backend == "az":
+            server = servers.azurite_server()
+            os.environ["AZURE_STORAGE_ACCOUNT_KEY"] = servers.AZURITE_KEY
+            new_case = lambda s=server: azure_case(s)  # noqa: E731
+        else:
+            server = None
+            new_case = lambda: RemoteCaseLocal(tmp)  # noqa: E731
+        try:
+            pushes, noops, clones = [], [], []
+            for r in range(repeat):
+                case = new_case()
+                name = f"{backend}{r}"
+                add_remote(repo, name, case.url, case.options, create=True)
+                start = time.perf_counter()
+                push(repo, open_named(repo, name), name, jobs=jobs)
+                pushes.append(time.perf_counter() - start)
+                noops.append(median_time(lambda n=name: push(repo, open_named(repo, n), n,
+                                                             jobs=jobs), runs=3))
+                start = time.perf_counter()
+                clone(case.url, tmp / f"clone-{name}", options=case.options, jobs=jobs,
+                      checkout=False)
+                clones.append(time.perf_counter() - start)
+            out[backend] = {"push_s": statistics.median(pushes),
+                            "noop_push_s": statistics.median(noops),
+                            "clone_s": statistics.median(clones),
+                            "runs": {"push_s": pushes, "noop_push_s": noops,
+                                     "clone_s": clones}}
+            print(backend, json.dumps(out[backend]), flush=True)
+        finally:
+            if server is not None:
+                server.kill()
+    return out
+
+
+class RemoteCaseLocal:
+    """A fresh local-path remote (what the other backends' cases give, for a directory)."""
+
+    def __init__(self, tmp: Path) -> None:
+        import uuid
+
+        self.url = str(tmp / f"local-{uuid.uuid4().hex[:8]}.vrl")
+        self.options: dict[str, str] = {}
+
+
 def build_history_step(repo: Any, n_tensors: int, changed: int, c: int) -> None:
     import torch
 
@@ -259,9 +331,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5,
                         help="pushes (and plain uploads) per case, alternated: medians")
     parser.add_argument("--small-tensor-kb", type=int, default=128)
+    parser.add_argument("--backends-only", action="store_true",
+                        help="the small history on every backend (remote_backends.json)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" /
                                              "remote_bench.json"))
     args = parser.parse_args()
+    if args.backends_only:
+        backends_main(args)
+        return
 
     from vrl.testing.servers import s3_server
 
@@ -288,6 +365,32 @@ def main() -> None:
         server.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def backends_main(args: argparse.Namespace) -> None:
+    os.environ["NO_GCE_CHECK"] = "true"  # anon credentials everywhere: nothing to look up
+    tmp = Path(tempfile.mkdtemp(prefix="vrl-remote-backends-"))
+    load = os.getloadavg()
+    try:
+        rows = run_backends(tmp, args.commits, args.small_tensor_kb * 1024, args.jobs,
+                            args.repeat)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    results = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "platform": platform.platform(), "load_before": load,
+                    "load_after": os.getloadavg()},
+        "commits": args.commits, "tensors": 8, "tensor_bytes": args.small_tensor_kb * 1024,
+        "jobs": args.jobs, "repeat": args.repeat,
+        "servers": {"local": "a directory", "s3": "moto (threaded)", "sftp": "asyncssh",
+                    "gs": "fake-gcs-server (in memory)", "az": "Azurite (in memory)"},
+        "backends": rows,
+    }
+    out = Path(args.out).with_name("remote_backends.json") \
+        if args.out.endswith("remote_bench.json") else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")

@@ -56,6 +56,20 @@ def remote_table() -> str | None:
     ])
 
 
+def remote_backends_table() -> str | None:
+    data = _load("remote_backends")
+    if not data or not data.get("backends"):
+        return None
+    names = {"local": "local path", "s3": "`s3://` (moto)", "sftp": "`ssh://` (asyncssh)",
+             "gs": "`gs://` (fake-gcs-server)", "az": "`az://` (Azurite)"}
+    lines = ["| backend (server on 127.0.0.1) | push | push, nothing new | clone |",
+             "|---|---|---|---|"]
+    for key, row in data["backends"].items():
+        lines.append(f"| {names.get(key, key)} | {row['push_s'] * 1e3:.0f} ms | "
+                     f"{row['noop_push_s'] * 1e3:.1f} ms | {row['clone_s'] * 1e3:.0f} ms |")
+    return "\n".join(lines)
+
+
 def trainer_table() -> str | None:
     env, train, cart = _load("trainer_env_bench"), _load("trainer_train_bench"), \
         _load("trainer_cartpole")
@@ -98,7 +112,8 @@ def trainer_table() -> str | None:
     ])
 
 
-BUILT = {"remote": remote_table, "trainer": trainer_table}
+BUILT = {"remote": remote_table, "remote-backends": remote_backends_table,
+         "trainer": trainer_table}
 
 
 def render(readme: str) -> tuple[str, list[str]]:

@@ -18,7 +18,7 @@ import pytest
 from helpers import assert_same, vrl
 
 from trainer.sweep import sweep as sweep_command
-from vrl import Repo, views
+from vrl import Repo, groups
 from vrl.cli import cli, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -327,7 +327,7 @@ def test_group_by_mean_and_std_by_hand(ws, capsys):
                         ref=f"refs/heads/sweep/{tag}/lr={lr}-s{seed}")
     repo.commit({"w": np.zeros(2, np.float32)}, env=False, hparams={"lr": 0.1, "seed": 9},
                 metrics={"return": 7.0}, ref="refs/heads/other")
-    data = views.compare_groups(repo, ["lr"], ["sweep/*"])
+    data = groups.compare_groups(repo, ["lr"], ["sweep/*"])
     a, b, c = data["groups"]
     assert a["key"] == {"lr": 0.1} and a["n"] == 3
     last = a["metrics"]["return"]["last"]
@@ -340,15 +340,15 @@ def test_group_by_mean_and_std_by_hand(ws, capsys):
                                               "min": 3.0, "max": 3.0}
     assert c["metrics"]["return"]["last"]["std"] is None
     # every run, grouped by two keys: `other` joins lr 0.1 only where its seed is ignored
-    assert [g["n"] for g in views.compare_groups(repo, ["lr"])["groups"]] == [4, 2, 1]
-    assert [g["key"]["sweep"] for g in views.compare_groups(repo, ["sweep"])["groups"]] == [
+    assert [g["n"] for g in groups.compare_groups(repo, ["lr"])["groups"]] == [4, 2, 1]
+    assert [g["key"]["sweep"] for g in groups.compare_groups(repo, ["sweep"])["groups"]] == [
         "a/lr=0.1", "b/lr=0.2", "c/lr=0.3", "other"]
-    assert [g["n"] for g in views.compare_groups(repo, ["lr", "net.depth"])["groups"]] == [
+    assert [g["n"] for g in groups.compare_groups(repo, ["lr", "net.depth"])["groups"]] == [
         3, 1, 2, 1]
     # sorted by a metric's mean: best first; lower is better for a loss
-    order = views.compare_groups(repo, ["lr"], ["sweep/*"], sort="return")["groups"]
+    order = groups.compare_groups(repo, ["lr"], ["sweep/*"], sort="return")["groups"]
     assert [g["key"]["lr"] for g in order] == [0.3, 0.2, 0.1]
-    order = views.compare_groups(repo, ["lr"], ["sweep/*"], sort="loss")["groups"]
+    order = groups.compare_groups(repo, ["lr"], ["sweep/*"], sort="loss")["groups"]
     assert [g["key"]["lr"] for g in order] == [0.3, 0.2, 0.1]
     code, out, _ = vrl(capsys, "compare", "sweep/a/*", "--group-by", "lr", "--metrics",
                        "return")

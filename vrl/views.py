@@ -111,7 +111,7 @@ def first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
+def select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
                  ) -> list[tuple[str, str | None, ObjectId]]:
     """(name, full ref or None, commit id) of every run asked for."""
     out: list[tuple[str, str | None, ObjectId]] = []
@@ -166,7 +166,7 @@ def _matching(repo: Repo, pattern: str) -> list[tuple[str, str | None, ObjectId]
     return found
 
 
-def _branch_points(history: History, heads: list[ObjectId], names: list[str],
+def branch_points(history: History, heads: list[ObjectId], names: list[str],
                    went_on: Sequence[Callable[[int], bool] | None] | None = None
                    ) -> list[dict[str, Any] | None]:
     """Where each run left the run it was branched from.
@@ -176,7 +176,7 @@ def _branch_points(history: History, heads: list[ObjectId], names: list[str],
     that ends at a commit of another line continued nothing. The newest such point wins
     (a branch of a branch points at the branch it came from, not at the trunk); of runs
     that left one point, the one that went on from it first was there first (the trunk a
-    third run left too). `went_on[r](i)`, where a run's reflog tells (see `_went_on`):
+    third run left too). `went_on[r](i)`, where a run's reflog tells (see `ref_went_on`):
     whether run r went on from its snapshot at i rather than leaving another run there;
     it decides before the times do."""
     lines = [history.line(h) for h in heads]
@@ -258,11 +258,11 @@ def runs(repo: Repo, revs: Sequence[str] | None = None, all_tags: bool = False,
     index on the line, seconds} or None), hparams (flattened), metrics ({name: {last,
     last_step, best, best_step}}: all metrics unless `metrics` names some)."""
     history = History.of(repo)
-    chosen = _select_runs(repo, revs, all_tags)
+    chosen = select_runs(repo, revs, all_tags)
     heads = [oid for _, _, oid in chosen]
-    went_on = [_went_on(repo, ref, history.line(oid)) if ref else None
+    went_on = [ref_went_on(repo, ref, history.line(oid)) if ref else None
                for _, ref, oid in chosen]
-    points = _branch_points(history, heads, [name for name, _, _ in chosen], went_on)
+    points = branch_points(history, heads, [name for name, _, _ in chosen], went_on)
     out = []
     for (name, ref, oid), point in zip(chosen, points, strict=True):
         commit = history.commit(oid)
@@ -360,118 +360,6 @@ def _known(rows: list[dict[str, Any]], key: str) -> bool:
                                          for row in rows)
 
 
-# ---------------------------------------------------------------------------- groups
-
-
-SWEEP_KEY = "sweep"
-"""`compare_groups` key: a sweep's configuration, the branch name of a `vrl sweep` trial
-without its seed (`sweep/lr/learning_rate=1e-4-s2` -> `lr/learning_rate=1e-4`)."""
-_SWEEP_RUN = re.compile(r"^(?:[^/]+/)?sweep/(?P<config>[^/]+/.+)-s\d+$")
-
-
-def sweep_config(name: str) -> str | None:
-    """The configuration of a `vrl sweep` trial's branch (also a remote-tracking one), or
-    None for a run that is no trial."""
-    match = _SWEEP_RUN.match(name)
-    return match.group("config") if match else None
-
-
-def stats(values: Sequence[float]) -> dict[str, Any]:
-    """{n, mean, std, min, max} of the finite values: std is the sample standard deviation
-    (n - 1, as seed studies report it), None below two values; mean, min and max are None
-    without values."""
-    finite = [float(v) for v in values if math.isfinite(v)]
-    n = len(finite)
-    if not n:
-        return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
-    mean = math.fsum(finite) / n
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else None
-    return {"n": n, "mean": mean, "std": std, "min": min(finite), "max": max(finite)}
-
-
-def compare_groups(repo: Repo, group_by: Sequence[str], revs: Sequence[str] | None = None,
-                   metrics: Sequence[str] | None = None, sort: str | None = None,
-                   all_tags: bool = False) -> dict[str, Any]:
-    """The compare table of groups of runs: runs with the same values of the `group_by`
-    keys (flattened hyperparameters, or `sweep`: a sweep trial's configuration, its seed
-    left out) form one group.
-
-    Returns {"group_by": keys, "metrics": names, "groups": [...]}; each group is {"key":
-    {key: value (None where a run has none)}, "n": runs, "runs": [names], "steps": stats
-    of the runs' last steps, "metrics": {name: {"last": stats, "best": stats}}} with the
-    `stats()` of the runs' last and best values of each metric. Groups are in the order
-    of their key values, or of `sort`: a metric's mean last value (best first) or a
-    group-by key, `:asc`/`:desc` to choose.
-    """
-    keys = list(dict.fromkeys(k.strip() for k in group_by if k.strip()))
-    if not keys:
-        raise ViewError("give at least one key to group by")
-    data = compare(repo, revs, metrics=metrics, all_tags=all_tags, all_params=True)
-    rows = data["rows"]
-    known = {k for row in rows for k in row["hparams"]}
-    for key in keys:
-        if key != SWEEP_KEY and key not in known and rows:
-            differing = compare(repo, revs, metrics=metrics, all_tags=all_tags)["params"]
-            raise ViewError(f"cannot group by {key!r}: no run has that hyperparameter; "
-                            f"hyperparameters that differ: {', '.join(differing) or '(none)'}"
-                            f" (or {SWEEP_KEY}: a sweep's configurations)")
-    groups: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        key = {k: sweep_config(row["name"]) if k == SWEEP_KEY else row["hparams"].get(k)
-               for k in keys}
-        if SWEEP_KEY in key and key[SWEEP_KEY] is None:
-            key[SWEEP_KEY] = row["name"]  # a run outside any sweep is a group of its own
-        group = groups.setdefault(json.dumps(key, sort_keys=True), {"key": key, "rows": []})
-        group["rows"].append(row)
-    out = []
-    for group in groups.values():
-        members = group.pop("rows")
-        summary: dict[str, Any] = {}
-        for name in data["metrics"]:
-            held = [row["metrics"][name] for row in members if name in row["metrics"]]
-            summary[name] = {part: stats([v for v in (number(h[part]) for h in held)
-                                          if v is not None])
-                             for part in ("last", "best")}
-        out.append({**group, "n": len(members), "runs": [row["name"] for row in members],
-                    "steps": stats([row["step"] for row in members
-                                    if isinstance(row["step"], (int, float))]),
-                    "metrics": summary})
-    out.sort(key=lambda g: [_value_order(g["key"][k]) for k in keys])
-    if sort:
-        out = _sorted_groups(out, sort, keys)
-    return {"group_by": keys, "metrics": data["metrics"], "groups": out}
-
-
-def _value_order(value: Any) -> tuple[int, Any]:
-    """Numbers by value, then everything else by its JSON text, then missing values."""
-    if value is None:
-        return (2, "")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, value)
-    return (1, natural_key(value) if isinstance(value, str) else
-            json.dumps(value, sort_keys=True))
-
-
-def _sorted_groups(groups: list[dict[str, Any]], sort: str, keys: list[str]
-                   ) -> list[dict[str, Any]]:
-    key, direction = sort, None
-    if sort.rpartition(":")[2] in ("asc", "desc") and sort not in keys and \
-            not any(sort in g["metrics"] for g in groups):
-        key, _, direction = sort.rpartition(":")
-    if key in keys:
-        ordered = sorted(groups, key=lambda g: _value_order(g["key"][key]))
-        return ordered[::-1] if direction == "desc" else ordered
-    if not groups or key not in groups[0]["metrics"]:
-        raise ViewError(f"cannot sort groups by {key!r}: it is no metric or group-by key "
-                        "of these runs")
-    if direction is None:
-        direction = "asc" if lower_is_better(key) else "desc"
-    present = [g for g in groups if g["metrics"][key]["last"]["mean"] is not None]
-    missing = [g for g in groups if g["metrics"][key]["last"]["mean"] is None]
-    present.sort(key=lambda g: g["metrics"][key]["last"]["mean"], reverse=direction == "desc")
-    return present + missing
-
-
 # ---------------------------------------------------------------------------- curves
 
 
@@ -480,7 +368,7 @@ def metric_names(repo: Repo, revs: Sequence[str] | None = None) -> list[str]:
     `runs()` shows, tags included), sorted naturally."""
     history = History.of(repo)
     heads = [repo.resolve(r) for r in revs] if revs else \
-        [oid for _, _, oid in _select_runs(repo, None, all_tags=True)]
+        [oid for _, _, oid in select_runs(repo, None, all_tags=True)]
     names: set[str] = set()
     for oid in history.reachable(heads):
         for name, value in history.commit(oid).metrics.items():
@@ -496,8 +384,8 @@ def curves(repo: Repo, metric: str, revs: Sequence[str] | None = None,
     index on the line where it has none), `seconds` its wall-clock time since the epoch;
     commits without a finite value of `metric` are skipped. An error if no run has it."""
     history = History.of(repo)
-    chosen = _select_runs(repo, revs, all_tags)
-    points = _branch_points(history, [oid for _, _, oid in chosen],
+    chosen = select_runs(repo, revs, all_tags)
+    points = branch_points(history, [oid for _, _, oid in chosen],
                             [name for name, _, _ in chosen])
     out = []
     for (name, ref, oid), point in zip(chosen, points, strict=True):
@@ -692,7 +580,7 @@ def graph(repo: Repo) -> dict[str, Any]:
                 children[p] += 1
     import heapq
 
-    ready = [(_neg(history.commit(c).time), c) for c in commits if children[c] == 0]
+    ready = [(newest_first(history.commit(c).time), c) for c in commits if children[c] == 0]
     heapq.heapify(ready)
     lanes: list[ObjectId | None] = []
     out = []
@@ -731,12 +619,13 @@ def graph(repo: Repo) -> dict[str, Any]:
         for p in parents:
             children[p] -= 1
             if children[p] == 0:
-                heapq.heappush(ready, (_neg(history.commit(p).time), p))
+                heapq.heappush(ready, (newest_first(history.commit(p).time), p))
     width = max((max([c["lane"], *c["parent_lanes"]]) for c in out), default=-1) + 1
     return {"head": head, "branch": repo.current_branch(), "lanes": width, "commits": out}
 
 
-def _neg(time: str) -> tuple[int, ...]:
+def newest_first(time: str) -> tuple[int, ...]:
+    """A heap key that pops the newest commit time first."""
     # newest first from a min-heap, on the ISO text (sorts as time does)
     return tuple(-ord(ch) for ch in time)
 
@@ -744,7 +633,7 @@ def _neg(time: str) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------- details
 
 
-def _changes(new: dict[str, Any], old: dict[str, Any] | None) -> list[dict[str, Any]]:
+def changes(new: dict[str, Any], old: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Flattened key/value pairs of `new` against `old`: status added / removed / changed
     / same (every key `same` where there is nothing to compare with)."""
     new_flat = flatten(new)
@@ -794,8 +683,8 @@ def commit_detail(repo: Repo, rev: str = "HEAD") -> dict[str, Any]:
         "id": oid, "parents": list(commit.parents), "refs": ref_names(repo).get(oid, []),
         "message": commit.message, "author": commit.author, "time": commit.time,
         "step": commit.step,
-        "hparams": _changes(commit.hparams, parent.hparams if parent else None),
-        "metrics": _changes(commit.metrics, parent.metrics if parent else None),
+        "hparams": changes(commit.hparams, parent.hparams if parent else None),
+        "metrics": changes(commit.metrics, parent.metrics if parent else None),
         "env": flatten(commit.env), "meta": flatten(commit.meta),
         "frozen_layers": frozen, "diff": layers,
     }
@@ -807,8 +696,8 @@ def diff(repo: Repo, a: str, b: str, threshold: float | None = None) -> dict[str
     old_id, new_id = repo.resolve(a), repo.resolve(b)
     old, new = repo.read_commit(old_id), repo.read_commit(new_id)
     out: dict[str, Any] = {"a": old_id, "b": new_id,
-                           "hparams": _changes(new.hparams, old.hparams),
-                           "metrics": _changes(new.metrics, old.metrics)}
+                           "hparams": changes(new.hparams, old.hparams),
+                           "metrics": changes(new.metrics, old.metrics)}
     try:
         out["diff"], out["error"] = repo.diff(old_id, new_id, threshold=threshold).to_json(), \
             None
@@ -816,72 +705,7 @@ def diff(repo: Repo, a: str, b: str, threshold: float | None = None) -> dict[str
         out["diff"], out["error"] = None, str(exc)
     return out
 
-
-# ---------------------------------------------------------------------------- lineage
-
-
-def setting_changes(new: dict[str, Any], old: dict[str, Any]) -> list[dict[str, Any]]:
-    """The flattened keys whose values differ from `old` to `new` ({key, value, old,
-    status: added / removed / changed}); none where either side records nothing (a
-    commit made without hyperparameters or environment leaves them unknown, not unset)."""
-    if not new or not old or (new == old and _same_types(new, old)):  # most commits
-        return []
-    return [entry for entry in _changes(new, old) if entry["status"] != "same"]
-
-
-def _same_types(a: Any, b: Any) -> bool:
-    """Whether two equal values (`a == b`) hold the same types throughout, so that they
-    are `_same` too (1, 1.0 and True are equal in Python) - without JSON text, which cost
-    `vrl log` more than reading the commits."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return all(_same_types(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return all(_same_types(x, y) for x, y in zip(a, b, strict=True))
-    return True
-
-
-def hparam_changes(repo: Repo, oid: ObjectId) -> list[dict[str, Any]]:
-    """The hyperparameters commit `oid` changed against its first parent (see
-    `setting_changes`; none for a root commit or a parent beyond a shallow history)."""
-    history = History.of(repo)
-    commit = history.commit(oid)
-    if not commit.parents or not history.has(commit.parents[0]):
-        return []
-    return setting_changes(commit.hparams, history.commit(commit.parents[0]).hparams)
-
-
-def forks(repo: Repo) -> dict[ObjectId, dict[str, Any]]:
-    """The first commit of each run's own (after its branch point), with where it forked:
-    {id: {"run": the run it starts, "from": the run it forked from, "id": the commit it
-    forked at, "step": that commit's step}}. The runs and branch points are those of
-    `runs()` (every local branch, and remote-tracking branches no local one shows), less
-    the branches made at a snapshot of a run that then went on (a bookmark, or a fork
-    not trained yet): no run forked from them."""
-    history = History.of(repo)
-    chosen = _select_runs(repo, None, False)
-    lines = {name: history.line(oid) for name, _, oid in chosen}
-    places = {name: {oid: i for i, oid in enumerate(line)} for name, line in lines.items()}
-    went_on = {name: _went_on(repo, ref, lines[name]) if ref is not None else None
-               for name, ref, _ in chosen}
-    runs = [(name, oid) for name, _, oid in chosen
-            if not any(head != oid and oid in places[other] and
-                       went_on[other] is not None and
-                       went_on[other](places[other][oid])  # type: ignore[misc]
-                       for other, _, head in chosen)]
-    points = _branch_points(history, [oid for _, oid in runs], [name for name, _ in runs],
-                            [went_on[name] for name, _ in runs])
-    out: dict[ObjectId, dict[str, Any]] = {}
-    for (name, _), point in zip(runs, points, strict=True):
-        if point is not None:
-            out.setdefault(lines[name][point["index"] + 1],
-                           {"run": name, "from": point["run"], "id": point["id"],
-                            "step": point["step"]})
-    return out
-
-
-def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool] | None:
+def ref_went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool] | None:
     """Whether the run of `ref` (its first-parent `line`) went on from its snapshot at
     index i, rather than forking there (as a function of i).
 
@@ -896,23 +720,3 @@ def _went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], bool
     born = line.index(log[-1].new)
     by_commit = log[-1].reason.startswith("commit")
     return lambda i: born < i or (born == i and by_commit)
-
-
-def common_ancestor(repo: Repo, a: ObjectId, b: ObjectId) -> ObjectId | None:
-    """The newest commit (by time) that both `a` and `b` descend from or are, as git's
-    merge base; None for unrelated histories."""
-    import heapq
-
-    history = History.of(repo)
-    ours = set(history.reachable([a]))
-    seen = {b}
-    ready = [(_neg(history.commit(b).time), b)] if history.has(b) else []
-    while ready:
-        _, oid = heapq.heappop(ready)
-        if oid in ours:
-            return oid
-        for p in history.commit(oid).parents:
-            if p not in seen and history.has(p):
-                seen.add(p)
-                heapq.heappush(ready, (_neg(history.commit(p).time), p))
-    return None

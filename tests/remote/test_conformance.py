@@ -6,6 +6,8 @@ import pytest
 from vrl.testing.remote_conformance import (
     RemoteCase,
     RemoteConformance,
+    azure_case,
+    gcs_case,
     memory_case,
     s3_case,
     ssh_case,
@@ -40,3 +42,15 @@ class TestSsh(RemoteConformance):
     @pytest.fixture
     def remote(self, ssh):
         return ssh_case(ssh, kill_server=ssh.server.kill, restart_server=ssh.server.restart)
+
+
+class TestGcs(RemoteConformance):
+    @pytest.fixture
+    def remote(self, gcs):
+        return gcs_case(gcs)
+
+
+class TestAzure(RemoteConformance):
+    @pytest.fixture
+    def remote(self, azurite):
+        return azure_case(azurite)

@@ -4,7 +4,14 @@
 import pytest
 
 from vrl.testing.hostile import HostileRemote
-from vrl.testing.remote_conformance import RemoteCase, memory_case, s3_case, ssh_case
+from vrl.testing.remote_conformance import (
+    RemoteCase,
+    azure_case,
+    gcs_case,
+    memory_case,
+    s3_case,
+    ssh_case,
+)
 
 
 class TestHostileLocal(HostileRemote):
@@ -39,3 +46,15 @@ class TestHostileSsh(HostileRemote):
     @pytest.fixture
     def remote(self, ssh):
         return ssh_case(ssh)
+
+
+class TestHostileGcs(HostileRemote):  # emulators answer in ms: the full count
+    @pytest.fixture
+    def remote(self, gcs):
+        return gcs_case(gcs)
+
+
+class TestHostileAzure(HostileRemote):
+    @pytest.fixture
+    def remote(self, azurite):
+        return azure_case(azurite)

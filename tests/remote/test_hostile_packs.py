@@ -27,7 +27,14 @@ from vrl.remote.base import RemoteStore, pack_key
 from vrl.remote.packs import RemotePacks
 from vrl.repo import Repo
 from vrl.testing.hostile import MEMORY_SLACK, _vm_peak
-from vrl.testing.remote_conformance import RemoteCase, memory_case, s3_case, ssh_case
+from vrl.testing.remote_conformance import (
+    RemoteCase,
+    azure_case,
+    gcs_case,
+    memory_case,
+    s3_case,
+    ssh_case,
+)
 
 BOMB = 1 << 32
 EXAMPLES = int(os.environ.get("VRL_HOSTILE_EXAMPLES", "30"))
@@ -219,3 +226,19 @@ class TestHostilePacksSsh(HostilePacks):
     @pytest.fixture
     def remote(self, ssh):
         return ssh_case(ssh)
+
+
+class TestHostilePacksGcs(HostilePacks):
+    examples = EXAMPLES // 3
+
+    @pytest.fixture
+    def remote(self, gcs):
+        return gcs_case(gcs)
+
+
+class TestHostilePacksAzure(HostilePacks):
+    examples = EXAMPLES // 3
+
+    @pytest.fixture
+    def remote(self, azurite):
+        return azure_case(azurite)

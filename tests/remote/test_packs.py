@@ -22,7 +22,9 @@ from vrl.repo import Repo
 from vrl.testing.remote_conformance import (
     RemoteCase,
     assert_bit_exact,
+    azure_case,
     flip_remote_byte,
+    gcs_case,
     make_big_history,
     make_history,
     memory_case,
@@ -100,7 +102,7 @@ class CountingStore(RemoteStore):
         return sum(self.calls.values())
 
 
-@pytest.fixture(params=["local", "memory", "s3", "ssh"])
+@pytest.fixture(params=["local", "memory", "s3", "ssh", "gs", "az"])
 def remote(request, tmp_path) -> RemoteCase:
     if request.param == "local":
         return RemoteCase(str(tmp_path / "remote.vrl"))
@@ -108,6 +110,10 @@ def remote(request, tmp_path) -> RemoteCase:
         return memory_case()
     if request.param == "s3":
         return s3_case(request.getfixturevalue("s3"))
+    if request.param == "gs":
+        return gcs_case(request.getfixturevalue("gcs"))
+    if request.param == "az":
+        return azure_case(request.getfixturevalue("azurite"))
     return ssh_case(request.getfixturevalue("ssh"))
 
 

@@ -4,8 +4,9 @@ Pusher A reads the remote ref; before it writes, pusher B pushes in full; then A
 A must be refused with the non-fast-forward error (naming both heads) and B's commit must
 stay. Each test also runs with A's check removed (its swap given the version it finds at
 that moment, i.e. last writer wins): then B's commit is lost, which shows the interleaving
-really happened and that the test fails without the check. Against a local path, S3
-(conditional writes), and the generic fsspec lock file (memory://, SFTP).
+really happened and that the test fails without the check. Against a local path, S3 and
+Azure (conditional writes), GCS (generation preconditions), and the generic fsspec lock
+file (memory://, SFTP).
 """
 
 import pytest
@@ -16,9 +17,17 @@ from vrl.remote import add_remote, clone, fetch, open_named, open_remote, push
 from vrl.remote.base import RemoteStore
 from vrl.remote.errors import NonFastForwardError
 from vrl.repo import Repo
-from vrl.testing.remote_conformance import RemoteCase, make_history, memory_case, s3_case, ssh_case
+from vrl.testing.remote_conformance import (
+    RemoteCase,
+    azure_case,
+    gcs_case,
+    make_history,
+    memory_case,
+    s3_case,
+    ssh_case,
+)
 
-BACKENDS = ["local", "memory", "s3", "ssh"]
+BACKENDS = ["local", "memory", "s3", "ssh", "gs", "az"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -29,6 +38,10 @@ def case(request, tmp_path) -> RemoteCase:
         return memory_case()
     if request.param == "s3":
         return s3_case(request.getfixturevalue("s3"))
+    if request.param == "gs":
+        return gcs_case(request.getfixturevalue("gcs"))
+    if request.param == "az":
+        return azure_case(request.getfixturevalue("azurite"))
     return ssh_case(request.getfixturevalue("ssh"))
 
 

@@ -99,13 +99,41 @@ def _unavailable(name: str, module: str, exc: Exception) -> click.Command:
                          params=[click.Argument(["args"], nargs=-1)])
 
 
+# The remote backends' libraries and what they use. Their lines (gcsfs's notices, and a
+# traceback at ERROR for each failed request; azure-core's request log; botocore's
+# credential search; adlfs's UserWarnings) say nothing a vrl user can act on: a failure
+# becomes vrl's own one-line error. Shown with `vrl -v` (INFO) / `vrl -vv` (DEBUG).
+BACKEND_LOGGERS = ("gcsfs", "google", "adlfs", "azure", "urllib3", "botocore", "aiobotocore",
+                   "s3fs", "fsspec", "sshfs", "asyncssh", "aiohttp")
+
+
+def configure_logging(verbose: int) -> None:
+    """Set the backends' log levels for this command: CRITICAL (their Python warnings
+    hidden too) by default - ERROR would let gcsfs's tracebacks through - else a stderr
+    handler at INFO (-v) or DEBUG (-vv)."""
+    import logging
+    import warnings
+
+    if verbose:
+        level = logging.DEBUG if verbose > 1 else logging.INFO
+        logging.basicConfig(format="%(name)s: %(message)s")
+    else:
+        level = logging.CRITICAL
+        warnings.filterwarnings("ignore", module=r"(" + "|".join(BACKEND_LOGGERS) + r")(\.|$)")
+    for name in BACKEND_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
 @click.group(cls=VrlGroup, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 100})
 @click.option("-C", "directory", type=click.Path(file_okay=False), default=None,
               help="Run as if vrl was started in this directory.")
+@click.option("-v", "--verbose", count=True,
+              help="Show the remote backends' log (-v: INFO, -vv: every request).")
 @click.version_option(package_name="vrl")
-def cli(directory: str | None) -> None:
+def cli(directory: str | None, verbose: int) -> None:
     """vrl - version, compare, share and resume RL policies."""
+    configure_logging(verbose)
     if directory:
         try:
             os.chdir(directory)

@@ -60,14 +60,14 @@ def _value(value: Any) -> str:
 
 
 def change_text(entry: dict[str, Any], sep: str = ": ") -> str:
-    """`learning_rate: 0.00025 -> 0.0001` for one `views.setting_changes` entry."""
+    """`learning_rate: 0.00025 -> 0.0001` for one `lineage.setting_changes` entry."""
     old = _value(entry["old"]) if "old" in entry else "(unset)"
     new = "(unset)" if entry["status"] == "removed" else _value(entry["value"])
     return f"{safe(entry['key'], True)}{sep}{old} -> {new}"
 
 
 def fork_text(fork: dict[str, Any], verb: str = "forked") -> str:
-    """`forked from small at step 4096 (a1b2c3d4e5f6)` for one `views.forks` entry."""
+    """`forked from small at step 4096 (a1b2c3d4e5f6)` for one `lineage.forks` entry."""
     at = f" at step {fork['step']}" if fork["step"] is not None else ""
     return safe(f"{verb} from {fork['from']}{at} ({short(fork['id'])})", True)
 
@@ -153,7 +153,7 @@ def log(repo: Repo, revs: tuple[str, ...], max_count: int | None, oneline: bool,
 
     A run's first snapshot names the run it forked from, and a snapshot whose
     hyperparameters differ from its parent's lists the changes."""
-    from vrl import views
+    from vrl import lineage
     from vrl.history import History
 
     if graph and (as_json or metric_names is not None):
@@ -185,15 +185,15 @@ def log(repo: Repo, revs: tuple[str, ...], max_count: int | None, oneline: bool,
             click.echo("-: no episode ended in that iteration")
         return
     History.of(repo).remember((e.id, e.commit) for e in entries)  # read once, not twice
-    fork_of = views.forks(repo) if entries else {}
+    fork_of = lineage.forks(repo) if entries else {}
     if as_json:
-        echo_json([_entry_json(e, fork_of.get(e.id), views.hparam_changes(repo, e.id))
+        echo_json([_entry_json(e, fork_of.get(e.id), lineage.hparam_changes(repo, e.id))
                    for e in entries])
         return
     head_target = repo.refs.head_target()
     detached_at = repo.head() if head_target is None else None
     texts = [_entry_lines(e, _decorations(e, head_target, detached_at), fork_of.get(e.id),
-                          views.hparam_changes(repo, e.id), oneline) for e in entries]
+                          lineage.hparam_changes(repo, e.id), oneline) for e in entries]
     if graph:
         from vrl.graph_text import draw
 
@@ -259,13 +259,13 @@ def show(repo: Repo, rev: str, threshold: float | None, show_all: bool,
     """Show a snapshot: message, hyperparameters (and those it changed against its
     parent), environment, metrics and layer changes; a run's first snapshot also names
     the run it forked from."""
-    from vrl import views
+    from vrl import lineage
 
     oid = repo.resolve(rev)
     c = repo.read_commit(oid)
     diff = repo.diff(oid, threshold=threshold).with_layout(c.meta).with_only(only)
-    fork = views.forks(repo).get(oid)
-    changes = views.hparam_changes(repo, oid)
+    fork = lineage.forks(repo).get(oid)
+    changes = lineage.hparam_changes(repo, oid)
     if as_json:
         echo_json({**c.to_json(), "id": oid, "diff": diff.to_json(),
                    "forked_from": _fork_json(fork), "hparam_changes": changes})
@@ -338,9 +338,9 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
         old_id = repo.resolve(a) if b is not None else (new.parents or [None])[0]
         settings = _setting_diffs(repo, old_id, new)
         if b is not None and old_id is not None:
-            from vrl import views
+            from vrl import lineage
 
-            base = views.common_ancestor(repo, old_id, new_id)
+            base = lineage.common_ancestor(repo, old_id, new_id)
             settings["common_ancestor"] = base
             if base is not None and base not in (old_id, new_id):  # not one line
                 step = repo.read_commit(base).step
@@ -362,7 +362,7 @@ def diff(repo: Repo, a: str | None, b: str | None, threshold: float | None, show
 
 def _setting_diffs(repo: Repo, old_id: str | None, new: Any) -> dict[str, Any]:
     """{"hparams": changes, "env": changes} from commit `old_id` (None: a root) to `new`."""
-    from vrl import views
+    from vrl import lineage
 
     if old_id is None:
         return {"hparams": [], "env": []}
@@ -370,8 +370,8 @@ def _setting_diffs(repo: Repo, old_id: str | None, new: Any) -> dict[str, Any]:
         old = repo.read_commit(old_id)
     except ObjectNotFoundError:  # a parent beyond a shallow history
         return {"hparams": [], "env": []}
-    return {"hparams": views.setting_changes(new.hparams, old.hparams),
-            "env": views.setting_changes(new.env, old.env)}
+    return {"hparams": lineage.setting_changes(new.hparams, old.hparams),
+            "env": lineage.setting_changes(new.env, old.env)}
 
 
 @click.command()

@@ -93,9 +93,11 @@ def compare(repo: Repo, revs: tuple[str, ...], all_tags: bool, metric_names: str
         keys = [k.strip() for k in group_by.split(",") if k.strip()]
         if not keys:
             raise click.BadParameter("give at least one key", param_hint="--group-by")
-        groups = views.compare_groups(repo, keys, list(revs) or None, metrics=chosen,
-                                      sort=sort, all_tags=all_tags)
-        _show_groups(groups, chosen, as_json, as_csv)
+        from vrl.groups import compare_groups
+
+        found = compare_groups(repo, keys, list(revs) or None, metrics=chosen, sort=sort,
+                               all_tags=all_tags)
+        _show_groups(found, chosen, as_json, as_csv)
         return
     data = views.compare(repo, list(revs) or None, metrics=chosen, sort=sort,
                          all_tags=all_tags, all_params=all_params)

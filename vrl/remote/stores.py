@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import json
 import os
 import secrets
 import socket
@@ -49,12 +51,14 @@ def _looks_like_exists(exc: BaseException) -> bool:
 class FsspecRemote(RemoteStore):
     """Any fsspec file system (SFTP, in-memory, GCS, Azure, ...).
 
-    Guarantee: objects are written to a temp name and renamed (where the file system has
-    rename; object stores write whole objects atomically anyway); refs move under a lock
-    file taken with exclusive create. That is atomic on SFTP (O_EXCL + posix-rename) and
-    within one process for memory://; on GCS/Azure exclusive create may not be atomic, so
-    treat those as single-writer per branch.
+    Guarantee: objects are written to a temp name and renamed, so a reader never sees a
+    partial file; refs move under a lock file taken with exclusive create. That is atomic
+    on SFTP (O_EXCL + posix-rename) and within one process for memory://. Object stores
+    (S3, GCS, Azure: subclasses below) set `direct_writes`: a whole-object upload is atomic
+    there, and a rename is a copy plus a delete (two more requests per object).
     """
+
+    direct_writes = False
 
     def __init__(self, fs: Any, root: str, url: str, guarantee: str = "") -> None:
         self.fs = fs
@@ -142,6 +146,9 @@ class FsspecRemote(RemoteStore):
     def put(self, key: str, data: bytes) -> None:
         with self.guard(f"writing {key}"):
             final = self._p(key)
+            if self.direct_writes:
+                self.fs.pipe_file(final, data)
+                return
             self._makedirs(final)
             tmp = self._temp_for(final)
             self.fs.pipe_file(tmp, data)
@@ -150,6 +157,9 @@ class FsspecRemote(RemoteStore):
     def put_file(self, key: str, local: Path) -> None:
         with self.guard(f"writing {key}"):
             final = self._p(key)
+            if self.direct_writes:
+                self.fs.put_file(str(local), final)
+                return
             self._makedirs(final)
             tmp = self._temp_for(final)
             self.fs.put_file(str(local), tmp)
@@ -267,6 +277,8 @@ class S3Remote(FsspecRemote):
     conditional-write support reject or ignore the header: use one pusher per branch there.
     """
 
+    direct_writes = True
+
     def __init__(self, fs: Any, root: str, url: str) -> None:
         super().__init__(fs, root, url, "atomic (S3 conditional writes: If-Match / "
                                         "If-None-Match)")
@@ -293,14 +305,6 @@ class S3Remote(FsspecRemote):
                 return self.fs.cat_file(self._p(key), start=start, end=end)
             except FileNotFoundError:
                 raise KeyMissing(key) from None
-
-    def put(self, key: str, data: bytes) -> None:
-        with self.guard(f"writing {key}"):
-            self.fs.pipe_file(self._p(key), data)
-
-    def put_file(self, key: str, local: Path) -> None:
-        with self.guard(f"writing {key}"):
-            self.fs.put_file(str(local), self._p(key))
 
     def exists(self, key: str) -> bool:
         with self.guard(f"checking {key}"):
@@ -340,6 +344,167 @@ class S3Remote(FsspecRemote):
                                                "meanwhile") \
                             from None
                     raise
+        finally:
+            self.fs.invalidate_cache(self._p(key))
+
+
+# ------------------------------------------------------------------------------ GCS
+
+
+def _conflict(key: str, url: str) -> RefConflictError:
+    return RefConflictError(f"{key} on {redact(url)} changed meanwhile")
+
+
+class GcsRemote(FsspecRemote):
+    """A GCS bucket/prefix through gcsfs (its JSON-API class, `gcsfs.core.GCSFileSystem`).
+
+    Guarantee: an upload is atomic, so objects are written in place; refs move by
+    generation preconditions (`ifGenerationMatch` on the generation read, `0` to create),
+    which GCS evaluates atomically: exactly one of several racing pushers wins.
+    """
+
+    direct_writes = True
+
+    def __init__(self, fs: Any, root: str, url: str) -> None:
+        super().__init__(fs, root, url, "atomic (GCS generation preconditions)")
+        self.bucket, _, self.prefix = self.root.partition("/")
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _sync(self, func: Any, *args: Any) -> Any:
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, func, *args)
+
+    def get(self, key: str) -> bytes:
+        data, _ = self.read_versioned(key)
+        if data is None:
+            raise KeyMissing(key)
+        return data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):  # one GET with a Range header
+            try:
+                return self.fs.cat_file(self._p(key), start=start, end=end)
+            except FileNotFoundError:
+                raise KeyMissing(key) from None
+
+    def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
+        # one GET: the body and the generation it belongs to (x-goog-generation)
+        with self.guard(f"reading {key}"):
+            try:
+                headers, data = self.fs.call("GET", "b/{}/o/{}", self.bucket, self._key(key),
+                                             alt="media")
+            except FileNotFoundError:
+                return None, None
+        return data, headers.get("x-goog-generation")
+
+    def swap(self, key: str, data: bytes, expected: Any) -> None:
+        # gcsfs's uploads take no generation but 0 (mode="create"): a multipart upload
+        # (metadata + body, one request) with the precondition, as gcsfs sends its own
+        async def upload() -> None:
+            meta = json.dumps({"name": self._key(key)}).encode()
+            body = (b"--==vrl==\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n" + meta
+                    + b"\r\n--==vrl==\r\nContent-Type: application/octet-stream\r\n\r\n" + data
+                    + b"\r\n--==vrl==--")
+            await self.fs._call("POST", f"{self.fs._location}/upload/storage/v1/b/{{}}/o",
+                                self.bucket, uploadType="multipart",
+                                ifGenerationMatch=str(expected or 0), data=body,
+                                headers={"Content-Type": 'multipart/related; boundary="==vrl=="'})
+
+        if expected and not str(expected).isdigit():  # not a generation this store gave out
+            raise _conflict(key, self.url)
+        try:
+            with self.guard(f"updating {key}"):
+                try:
+                    self._sync(upload)
+                except Exception as exc:
+                    # 412 Precondition Failed: gcsfs raises FileExistsError for it
+                    if isinstance(exc, FileExistsError) or getattr(exc, "code", None) == 412:
+                        raise _conflict(key, self.url) from None
+                    raise
+        finally:
+            self.fs.invalidate_cache(self._p(key))
+
+
+# ------------------------------------------------------------------------------ Azure
+
+
+class AzureRemote(FsspecRemote):
+    """An Azure Blob container/prefix through adlfs.
+
+    Guarantee: a blob upload is atomic, so objects are written in place; refs move by
+    conditional writes (`If-Match` on the ETag read, `If-None-Match: *` to create), which
+    Azure evaluates atomically: exactly one of several racing pushers wins.
+    """
+
+    direct_writes = True
+
+    def __init__(self, fs: Any, root: str, url: str) -> None:
+        super().__init__(fs, root, url, "atomic (Azure conditional writes: If-Match / "
+                                        "If-None-Match)")
+        self.container, _, self.prefix = self.root.partition("/")
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _sync(self, func: Any) -> Any:
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, func)
+
+    def get(self, key: str) -> bytes:
+        data, _ = self.read_versioned(key)
+        if data is None:
+            raise KeyMissing(key)
+        return data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self.guard(f"reading {key}"):
+            try:
+                return self.fs.cat_file(self._p(key), start=start, end=end)
+            except FileNotFoundError:
+                raise KeyMissing(key) from None
+
+    def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        async def fetch() -> tuple[bytes | None, Any]:
+            async with self.fs.service_client.get_blob_client(self.container,
+                                                              self._key(key)) as blob:
+                try:
+                    stream = await blob.download_blob()
+                except ResourceNotFoundError:
+                    return None, None
+                return await stream.readall(), stream.properties.etag
+
+        with self.guard(f"reading {key}"):
+            return self._sync(fetch)
+
+    def swap(self, key: str, data: bytes, expected: Any) -> None:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import (
+            ResourceExistsError,
+            ResourceModifiedError,
+            ResourceNotFoundError,
+        )
+
+        async def upload() -> None:
+            async with self.fs.service_client.get_blob_client(self.container,
+                                                              self._key(key)) as blob:
+                if expected:
+                    await blob.upload_blob(data, overwrite=True, etag=expected,
+                                           match_condition=MatchConditions.IfNotModified)
+                else:  # If-None-Match: *
+                    await blob.upload_blob(data, overwrite=False)
+
+        try:
+            with self.guard(f"updating {key}"):
+                try:
+                    self._sync(upload)
+                except (ResourceModifiedError, ResourceExistsError, ResourceNotFoundError):
+                    raise _conflict(key, self.url) from None
         finally:
             self.fs.invalidate_cache(self._p(key))
 
@@ -489,22 +654,89 @@ def open_remote(url: str, options: dict[str, str] | None = None) -> RemoteStore:
         return FsspecRemote(fs, parts.path or "/", url,
                             "atomic (SFTP O_EXCL lock file + posix-rename)")
     if scheme in ("gs", "gcs"):
-        gcsfs = _import(scheme, "gcsfs")
-        kwargs = {"skip_instance_cache": True}
-        if options.get("project"):
-            kwargs["project"] = options["project"]
-        if options.get("endpoint_url"):
-            kwargs["endpoint_url"] = options["endpoint_url"]
-        fs = gcsfs.GCSFileSystem(**kwargs)
-        return FsspecRemote(fs, f"{parts.netloc}{parts.path}".rstrip("/"), url,
-                            "objects atomic; ref lock best-effort (one pusher per branch)")
+        return GcsRemote(_gcs_fs(scheme, options), f"{parts.netloc}{parts.path}".rstrip("/"),
+                         url)
+    return AzureRemote(_azure_fs(scheme, options), f"{parts.netloc}{parts.path}".rstrip("/"),
+                       url)
+
+
+def _gcs_fs(scheme: str, options: dict[str, str]) -> Any:
+    """gcsfs's JSON-API file system. Not `gcsfs.GCSFileSystem`: by default (unless
+    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false) that is gcsfs's experimental subclass, which
+    asks the gRPC Storage Control API for every bucket's layout, and, when the answer
+    fails (any emulator, or no route to Google), asks again before every operation and
+    renames through `moveTo`, which emulators refuse: minutes of retries per push."""
+    _import(scheme, "gcsfs.core")
+    import aiohttp
+
+    kwargs: dict[str, Any] = {
+        "skip_instance_cache": True,
+        # bounded: a dead endpoint must fail in seconds, not hang
+        "requests_timeout": aiohttp.ClientTimeout(
+            sock_connect=float(options.get("connect_timeout", CONNECT_TIMEOUT)),
+            sock_read=float(options.get("read_timeout", READ_TIMEOUT))),
+    }
+    if options.get("project"):
+        kwargs["project"] = options["project"]
+    if options.get("endpoint_url"):
+        kwargs["endpoint_url"] = options["endpoint_url"].rstrip("/")
+    if _bool(options.get("anon")):
+        kwargs["token"] = "anon"  # no credential lookup at all (public buckets, emulators)
+    return _gcs_class(max(1, int(options.get("retries", 3))))(**kwargs)
+
+
+@functools.cache
+def _gcs_class(retries: int) -> Any:
+    """gcsfs fixes its retries (6, backing off up to ~30 s) when its class is made: a
+    subclass with vrl's count, so a dead endpoint fails in seconds (3 attempts, as S3)."""
+    from gcsfs.core import GCSFileSystem
+    from gcsfs.retry import retry_request
+
+    class Gcs(GCSFileSystem):
+        _request = retry_request(retries=retries)(GCSFileSystem._request.__wrapped__)
+
+    return Gcs
+
+
+def _azure_fs(scheme: str, options: dict[str, str]) -> Any:
+    """adlfs's file system. With `endpoint_url` (Azurite, a private endpoint), the blob
+    endpoint is that URL and the key comes from AZURE_STORAGE_ACCOUNT_KEY (none: anonymous);
+    otherwise adlfs finds the account and credentials itself (AZURE_STORAGE_* variables,
+    else DefaultAzureCredential)."""
     adlfs = _import(scheme, "adlfs")
-    kwargs = {"skip_instance_cache": True}
-    if options.get("account_name"):
-        kwargs["account_name"] = options["account_name"]
-    fs = adlfs.AzureBlobFileSystem(**kwargs)
-    return FsspecRemote(fs, f"{parts.netloc}{parts.path}".rstrip("/"), url,
-                        "objects atomic; ref lock best-effort (one pusher per branch)")
+    kwargs: dict[str, Any] = {
+        "skip_instance_cache": True,  # bounded: a dead endpoint must fail in seconds
+        "connection_timeout": int(float(options.get("connect_timeout", CONNECT_TIMEOUT))),
+        "read_timeout": int(float(options.get("read_timeout", READ_TIMEOUT))),
+    }
+    anon = _bool(options.get("anon"))
+    name = options.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+    endpoint = options.get("endpoint_url", "").rstrip("/")
+    if endpoint:
+        # adlfs builds https://{account_host} only: an http endpoint (Azurite) needs a
+        # connection string, made here from the endpoint and the key in the environment
+        name = name or urlsplit(endpoint).path.strip("/").split("/")[-1]
+        key = None if anon else os.environ.get("AZURE_STORAGE_ACCOUNT_KEY")
+        conn = f"BlobEndpoint={endpoint};"
+        if key:
+            conn += f"AccountName={name};AccountKey={key};"
+        kwargs["connection_string"] = conn
+    else:
+        if name:
+            kwargs["account_name"] = name
+        if anon is not None:
+            kwargs["anon"] = anon
+    with _connect_guard("az://"):
+        fs = adlfs.AzureBlobFileSystem(**kwargs)
+    # the SDK retries 10 times, from 15 s apart (85 s for a dead endpoint), and adlfs
+    # passes no retry settings: bound its policy to vrl's (3 attempts, 1 s, 2 s apart)
+    policy = getattr(getattr(fs.service_client, "_config", None), "retry_policy", None)
+    if policy is not None and hasattr(policy, "total_retries"):
+        retries = max(0, int(options.get("retries", 3)) - 1)
+        policy.total_retries = policy.connect_retries = retries
+        policy.read_retries = policy.status_retries = retries
+        policy.initial_backoff, policy.increment_base = 1, 2
+    return fs
 
 
 @contextlib.contextmanager

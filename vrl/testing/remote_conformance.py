@@ -57,6 +57,36 @@ def s3_case(server: Any) -> RemoteCase:
     return RemoteCase(f"s3://{bucket}/team/repo", {"endpoint_url": endpoint})
 
 
+def gcs_case(server: Any) -> RemoteCase:
+    """A fresh bucket on the test GCS emulator (vrl.testing.servers.gcs_server)."""
+    import uuid
+
+    from gcsfs.core import GCSFileSystem
+
+    bucket = f"vrl-{uuid.uuid4().hex[:12]}"
+    endpoint = f"http://127.0.0.1:{server.port}"
+    GCSFileSystem(token="anon", endpoint_url=endpoint, skip_instance_cache=True).mkdir(bucket)
+    return RemoteCase(f"gs://{bucket}/team/repo", {"endpoint_url": endpoint, "anon": "true"})
+
+
+def azure_case(server: Any) -> RemoteCase:
+    """A fresh container on the test Azurite (vrl.testing.servers.azurite_server); the
+    development key is in AZURE_STORAGE_ACCOUNT_KEY (tests/remote/conftest.py)."""
+    import uuid
+
+    from adlfs import AzureBlobFileSystem
+
+    from vrl.testing.servers import AZURITE_ACCOUNT, AZURITE_KEY, azurite_endpoint
+
+    container = f"vrl-{uuid.uuid4().hex[:12]}"
+    endpoint = azurite_endpoint(server)
+    fs = AzureBlobFileSystem(skip_instance_cache=True, connection_string=(
+        f"BlobEndpoint={endpoint};AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"))
+    fs.mkdir(container)
+    return RemoteCase(f"az://{container}/team/repo", {"endpoint_url": endpoint},
+                      {"AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY})
+
+
 def ssh_case(setup: Any, **extra: Any) -> RemoteCase:
     """A fresh directory on the test SFTP server (vrl.testing.servers.sftp_server)."""
     import uuid

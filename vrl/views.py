@@ -443,7 +443,7 @@ def all_curves(repo: Repo, revs: Sequence[str] | None = None,
     out = []
     # runs share their history before a branch point: each commit is read once
     made: dict[ObjectId, tuple[int | None, float | None, dict[str, float]]] = {}
-    for name, _, oid in _select_runs(repo, revs, False):
+    for name, _, oid in select_runs(repo, revs, False):
         line = history.line(oid)
         rows = []
         for cid in line:

@@ -316,6 +316,20 @@ def test_eval_json_and_gif_of_a_warehouse_snapshot(ws, capsys, eval_plugin):
     assert "metric" in first and "baseline" in first and "deliveries" in first
 
 
+def test_eval_gif_without_a_file_goes_where_the_ui_shows_it(ws, capsys, eval_plugin):
+    from vrl.ui.api import Api
+
+    main(["init"])
+    train(capsys, "--steps", str(2 * STEPS_PER_ITERATION), "--branch", "w")
+    repo = Repo(ws)
+    assert Api(repo).get("commit", {"rev": ["best/w"]})["gif"] is False
+    assert main(["eval", "best/w", "--episodes", "1", "--gif"]) == 0
+    path = ws / ".vrl" / "eval" / f"{repo.resolve('best/w')[:12]}.gif"
+    assert f"wrote {path}" in capsys.readouterr().out
+    assert path.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+    assert Api(Repo(ws)).get("commit", {"rev": ["best/w"]})["gif"] is True
+
+
 def test_eval_gif_of_a_gymnasium_env(ws, capsys, eval_plugin):
     from PIL import Image
 

@@ -587,6 +587,9 @@ def _store_hooks(trainer, repo, run, o):
     return hook, branch
 
 
+AUTO_GIF = "\0auto"  # `--gif` given without a file (no path holds a NUL byte)
+
+
 @click.command("eval", context_settings=HELP)
 @click.argument("rev", default="HEAD")
 @click.option("--episodes", type=int, default=10, show_default=True,
@@ -600,9 +603,10 @@ def _store_hooks(trainer, repo, run, o):
               help="Run on this env instead of the one stored with the snapshot.")
 @click.option("--device", default="cpu", show_default=True,
               help="Where to run: cpu, cuda[:i] or npu[:i].")
-@click.option("--gif", type=click.Path(dir_okay=False), default=None,
+@click.option("--gif", is_flag=False, flag_value=AUTO_GIF, default=None, metavar="[FILE]",
               help="Write one episode as an animated GIF (the warehouse, or a Gymnasium "
-                   "env with an rgb_array renderer; needs pillow).")
+                   "env with an rgb_array renderer; needs pillow): to FILE, or without "
+                   "one to .vrl/eval/ID.gif, where `vrl ui` shows it on the commit's page.")
 @click.option("--baseline/--no-baseline", default=True, show_default=True,
               help="Warehouse: also run the shortest-path controller on the same worlds.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -621,9 +625,14 @@ def _eval(rev, episodes, greedy, seed, env_spec, device, gif, baseline, as_json)
     from trainer.eval import check_options, evaluate
     from vrl import Repo
 
+    repo = Repo(".")
+    if gif == AUTO_GIF:  # beside the store, named by the commit: the UI finds it there
+        folder = repo.vrl_dir / "eval"
+        folder.mkdir(exist_ok=True)
+        gif = str(folder / f"{repo.resolve(rev)[:12]}.gif")
     check_options(episodes, gif)
     torch.set_num_threads(1)
-    result = evaluate(Repo("."), rev, episodes=episodes, greedy=greedy, seed=seed,
+    result = evaluate(repo, rev, episodes=episodes, greedy=greedy, seed=seed,
                       device=device, gif=gif, env_spec=env_spec, baseline=baseline)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

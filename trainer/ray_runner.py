@@ -1,0 +1,1 @@
+"""Placeholder: Ray runner (see trainer.pbt / trainer.sweep --ray)."""

@@ -287,7 +287,7 @@ def apply_exploit(repo: Any, name: str, round_: int, loser: str, source: str,
 
 @click.command("pbt", context_settings={**HELP, "ignore_unknown_options": True})
 @click.argument("name")
-@click.option("--population", type=click.IntRange(min=2), default=None,
+@click.option("--population", type=int, default=None,
               help="Members of the population [default: 4].")
 @click.option("--rounds", type=click.IntRange(min=1), default=None,
               help="Rounds of training; members exploit and explore after each but the "
@@ -348,6 +348,8 @@ def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: 
         from vrl.refs import check_ref_name
 
         check_ref_name(f"pbt/{name}/m0", "branch")
+    if population is not None and population < 2:
+        raise PbtError(f"--population must be at least 2, got {population}")
     if remote is not None and ray_address is None:
         raise PbtError("--remote is for --ray tasks: give --ray ADDRESS too")
     store = PbtStore(repo, name)

@@ -352,6 +352,10 @@ def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: 
         raise PbtError(f"--population must be at least 2, got {population}")
     if remote is not None and ray_address is None:
         raise PbtError("--remote is for --ray tasks: give --ray ADDRESS too")
+    if ray_address is not None:  # before anything starts: is Ray there?
+        from trainer.ray_runner import require_ray
+
+        require_ray()
     store = PbtStore(repo, name)
     stored = store.load()
     given_definition = {"population": population, "rounds": rounds,
@@ -515,15 +519,26 @@ def _execute(repo: Any, store: PbtStore, state: dict[str, Any], rules: list[Expl
             round_ = state["round"] + 1
             target = round_ * d["steps_per_round"]
             members = members_of(name, state)
+            if remote is not None:
+                from trainer.ray_runner import fetch_branches, push_branches
+
+                with one_line_errors():
+                    # behind the remote (a crash mid-round): catch up; ahead (the last
+                    # round's exploit commits): send them before the tasks clone
+                    fetch_branches(repo, remote, f"pbt/{name}/")
+                    push_branches(repo, remote, [m.branch for m in members])
             jobs, done = _jobs(repo, store, members, ctx, run_args, target)
             click.echo(f"round {round_}/{d['rounds']}: members to {target} steps"
                        + (f" ({', '.join(m.name for m in done)} there already)"
                           if done else ""))
             if ray_address is not None:
-                from trainer.ray_runner import run_jobs_ray
+                from trainer.ray_runner import fetch_branches, run_jobs_ray
 
                 stopped = run_jobs_ray(jobs, workers, len(members), ray_address, remote,
                                        repo)
+                if remote is not None:
+                    with one_line_errors():
+                        fetch_branches(repo, remote, f"pbt/{name}/")
             else:
                 stopped = run_jobs(jobs, workers, len(members))
             failed = [j for j in jobs if j.rc not in (0, None) and not j.stopped]

@@ -236,7 +236,7 @@ def test_decisions_come_from_the_seeded_rng():
     (["--steps-per-round", "10", "--explore", "learning_rate=factors:0.8", "--steps", "5"],
      "--steps is set by PBT"),
     (["--steps-per-round", "10", "--explore", "learning_rate=factors:0.8", "--branch", "x"],
-     "--branch is set by the sweep"),
+     "--branch is set by PBT"),
     (["--steps-per-round", "10", "--explore", "learning_rate=factors:0.8", "--remote", "o"],
      "--remote is for --ray"),
     (["--steps-per-round", "10", "--explore", "ent_coef=resample:choice:-1"],

@@ -387,7 +387,7 @@ def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: 
             if definition[key] is None:
                 definition[key] = default
     rules = parse_explore(definition["explore"])
-    ctx = parse_train_args(definition["train_args"])
+    ctx = parse_train_args(definition["train_args"], owner="PBT")
     from click.core import ParameterSource
 
     if ctx.get_parameter_source("steps") == ParameterSource.COMMANDLINE:

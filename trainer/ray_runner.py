@@ -48,12 +48,23 @@ def connect(address: str) -> Any:
     this machine), unless this process already did (``ray.init`` in a script or test)."""
     ray = require_ray()
     if not ray.is_initialized():
+        import threading
+
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry unless asked
+        # ray.cancel stops a running task with SIGINT: workers of a cluster started here
+        # must not inherit an ignored SIGINT (a command in the background of a script)
+        ignored = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             ray.init(address=address, log_to_driver=False, include_dashboard=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise click.ClickException(f"--ray {address}: {text}") from None
+        finally:
+            if ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
     return ray
 
 
@@ -81,9 +92,13 @@ def run_task(args: list[str], cwd: str, branch: str, env: dict[str, str],
         with open(log, "wb") as out:
             proc = subprocess.Popen(command, cwd=where, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=full_env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_stop_with_parent)
             try:
-                rc = proc.wait()
+                # polled, not wait(): ray.cancel raises KeyboardInterrupt in this thread,
+                # which only happens between bytecodes, never inside a blocking waitpid
+                while proc.poll() is None:
+                    time.sleep(0.2)
+                rc = proc.returncode
             except BaseException:  # ray.cancel: KeyboardInterrupt here; stop it cleanly
                 stopped = True
                 with contextlib.suppress(OSError):
@@ -98,6 +113,16 @@ def run_task(args: list[str], cwd: str, branch: str, env: dict[str, str],
             if prc != 0 and rc == 0:
                 rc = prc
     return rc, "".join(output), stopped
+
+
+def _stop_with_parent() -> None:
+    """In the trial's process (Linux): SIGTERM when the Ray worker dies. Ray kills the
+    workers of a driver that is gone (a controller that crashed); a trial left running
+    would go on committing to a branch that the next controller resumes."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _vrl(words: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str]:
@@ -192,14 +217,11 @@ def run_jobs_ray(jobs: list[Any], workers: int, total: int, address: str,
     pending = list(jobs)
     running: dict[Any, Any] = {}
     stopping: list[int] = []
+    cancelled = False
     cwd = os.path.abspath(str(repo.workdir))
 
     def handler(signum: int, frame: Any) -> None:
-        stopping.append(signum)
-        for ref, job in running.items():
-            job.stopped = True
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)  # KeyboardInterrupt in the task: it stops its trial
+        stopping.append(signum)  # the loop cancels the tasks (not from a signal handler)
 
     import threading
 
@@ -215,6 +237,12 @@ def run_jobs_ray(jobs: list[Any], workers: int, total: int, address: str,
                 running[ref] = job
                 verb = "resume" if job.resume else "start"
                 click.echo(f"[{job.number}/{total}] {verb:<8}{job.trial.branch}  (ray)")
+            if stopping and not cancelled:
+                cancelled = True
+                for ref, job in running.items():
+                    job.stopped = True
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref)  # KeyboardInterrupt in the task: it stops its trial
             ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             for ref in ready:
                 job = running.pop(ref)

@@ -224,9 +224,10 @@ def parse_seeds(text: str) -> list[int]:
 # ---------------------------------------------------------------------------- train options
 
 
-def parse_train_args(args: Sequence[str]) -> click.Context:
+def parse_train_args(args: Sequence[str], owner: str = "the sweep") -> click.Context:
     """The pass-through options, parsed by `vrl train` itself (so a typo or an option that
-    `vrl train` does not know fails here, before anything starts)."""
+    `vrl train` does not know fails here, before anything starts); ``owner`` sets the
+    options of OWNED itself."""
     if args and not args[0].startswith("-"):
         raise SweepError(f"unexpected argument {args[0]!r}: NAME comes first, train "
                          "options after it")
@@ -239,7 +240,7 @@ def parse_train_args(args: Sequence[str]) -> click.Context:
     for key, flag in OWNED.items():
         if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE:
             hint = " (give --seeds)" if key == "seed" else ""
-            raise SweepError(f"{flag} is set by the sweep for every trial{hint}; leave it out")
+            raise SweepError(f"{flag} is set by {owner} for every trial{hint}; leave it out")
     return ctx
 
 

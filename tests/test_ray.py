@@ -152,3 +152,37 @@ def test_sweep_and_pbt_on_ray_push_every_trial_to_s3(ws, tmp_path, ray_cluster, 
                 exploits += 1
                 assert clone.read_commit(oid).parents == (record["exploit"]["id"],)
     assert exploits == 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_tasks_which_stop_with_a_snapshot(ws):
+    """A sweep started in the background of a script (SIGINT ignored, inherited by the
+    cluster it starts) still stops its tasks on SIGINT: each trial commits and exits."""
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    pytest.importorskip("ray")
+    root = Path(__file__).resolve().parents[1]
+    Repo.init(ws)
+    script = ("import signal, sys; from vrl.cli import cli, main; from trainer.sweep import "
+              "sweep; cli.add_command(sweep); sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(root), "VRL_AUTHOR": "tester",
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    steps = 400 * PER_ITERATION
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, "sweep", "int", "--grid", "learning_rate=1e-4,3e-4",
+         "--steps", str(steps), "--workers", "2", "--ray", "local", *SMALL], cwd=ws, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    repo = Repo(ws)
+    deadline = time.monotonic() + 90
+    while len(repo.branches()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out + err
+    assert out.count("stopped sweep/int/") == 2 and "2 not finished" in out
+    for branch in repo.branches():
+        assert repo.read_commit(repo.resolve(branch)).step < steps

@@ -1,6 +1,7 @@
 """`vrl sweep --ray` / `vrl pbt --ray`: trials as Ray tasks on a local 2-worker cluster
 (127.0.0.1), committing into the shared store or, with --remote, into clones that push to
-a local S3 server (moto)."""
+a local S3 server (moto). Skipped without ray (`pip install 'vrl[ray]'`); the S3 and
+Ctrl-C tests are slow (`-m slow`): ~70 s in all on 2 cores, the default ones ~12 s."""
 
 import contextlib
 import io
@@ -122,6 +123,7 @@ def test_sweep_on_ray_into_the_shared_store(ws, ray_cluster):
         assert "ray task" in (ws / ".vrl/sweeps/lr" / f"learning_rate={lr}-s1.log").read_text()
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; the shared-store sweep above is the default smoke test
 def test_sweep_and_pbt_on_ray_push_every_trial_to_s3(ws, tmp_path, ray_cluster, s3_remote):
     case = s3_remote()
     repo = with_remote(ws, case)

@@ -248,3 +248,24 @@ def test_bad_input_is_one_line_and_starts_nothing(ws, args, message):
     code, out, err = run("pbt", "bad", *args, *SMALL)
     assert code != 0 and out == "" and err.count("\n") == 1 and message in err, err
     assert not (ws / ".vrl/pbt").exists() and not Repo(ws).branches()
+
+
+def test_a_larger_rounds_exploits_after_the_old_last_round_and_goes_on(trained, tmp_path,
+                                                                       monkeypatch):
+    import shutil
+
+    where = tmp_path / "store"
+    shutil.copytree(trained[0], where)
+    monkeypatch.chdir(where)
+    code, out, err = run("pbt", "p", "--rounds", "3")
+    assert code == 0, out + err
+    assert "round 2: " in out and "round 3/3: members to 1152 steps" in out
+    state = state_of(where)
+    assert [h["round"] for h in state["history"]] == [1, 2, 3]
+    assert not state["history"][1]["final"] and len(state["history"][1]["exploits"]) == 1
+    assert state["history"][2]["final"] and state["history"][2]["exploits"] == []
+    repo = Repo(where)
+    x = state["history"][1]["exploits"][0]
+    oid, commit = exploit_commit(repo, f"pbt/p/{x['member']}")
+    assert commit.meta["pbt"]["round"] == 2 and commit.parents == (x["id"],)
+    assert all(repo.read_commit(repo.resolve(b)).step == 3 * ROUND for b in MEMBERS)

@@ -515,6 +515,12 @@ def _execute(repo: Any, store: PbtStore, state: dict[str, Any], rules: list[Expl
         if not state["applied"]:  # decisions of a round made before a crash
             _apply(repo, state, rng)
             store.save(state)
+        history = state["history"]
+        if history and history[-1].get("final") and state["round"] < d["rounds"]:
+            # the population's last round had no exploit; a larger --rounds goes on: now
+            entry = history.pop()
+            _decide(repo, store, state, rules, rng, entry["round"], entry["scores"],
+                    last=False)
         while state["round"] < d["rounds"]:
             round_ = state["round"] + 1
             target = round_ * d["steps_per_round"]
@@ -553,39 +559,46 @@ def _execute(repo: Any, store: PbtStore, state: dict[str, Any], rules: list[Expl
                                f"{name}`")
             scores = {m.name: round_score(repo, m.branch, state["members"][m.name]["step"],
                                           d["metric"]) for m in members}
-            last = round_ == d["rounds"]
-            ranking, pairs = decide(rng, scores, d["quantile"], d["minimize"])
-            if last:
-                pairs = []  # nothing trains after the last round: keep what each reached
-            decisions = []
-            for loser, source in pairs:
-                old = state["members"][loser]["hparams"]
-                new = explore(rng, state["members"][source]["hparams"], rules,
-                              d["resample_probability"])
-                decisions.append({"member": loser, "from": source,
-                                  "id": repo.branches()[f"pbt/{name}/{source}"],
-                                  "old": old, "source_hparams":
-                                      state["members"][source]["hparams"], "new": new})
-            shown = "  ".join(f"{m} {_score(scores[m])}" for m in ranking)
-            click.echo(f"round {round_}: {d['metric']} (round mean), best first: {shown}")
-            for m in state["members"]:
-                state["members"][m]["step"] = repo.read_commit(
-                    repo.branches()[f"pbt/{name}/{m}"]).step or 0
-            state.update(round=round_, decisions=decisions, applied=False,
-                         rng=_rng_state(rng))
-            state["history"].append({"round": round_, "scores": scores, "ranking": ranking,
-                                     "exploits": [{k: x[k] for k in ("member", "from", "id",
-                                                                     "new")}
-                                                  for x in decisions]})
-            store.save(state)  # decided: a crash from here on applies the same decisions
-            _apply(repo, state, rng)
-            store.save(state)
+            _decide(repo, store, state, rules, rng, round_, scores,
+                     last=round_ == d["rounds"])
     finally:
         _restore_head(repo, head_before, {m.branch for m in members})
     best = state["history"][-1]["ranking"][0] if state["history"] else None
     click.echo(f"pbt {name}: {state['round']} of {d['rounds']} rounds done"
                + (f"; best member {best} (pbt/{name}/{best})" if best else ""))
     click.echo(f"genealogy: vrl log --graph --oneline 'pbt/{name}/*'")
+
+
+def _decide(repo: Any, store: PbtStore, state: dict[str, Any], rules: list[Explore],
+            rng: random.Random, round_: int, scores: dict[str, float | None],
+            last: bool) -> None:
+    """Rank the members by their round's scores, decide who exploits whom with which
+    explored values (none after the last round: nothing trains after it), save that, and
+    apply it."""
+    name, d = state["name"], state["definition"]
+    ranking, pairs = decide(rng, scores, d["quantile"], d["minimize"])
+    if last:
+        pairs = []  # nothing trains after the last round: keep what each reached
+    decisions = []
+    for loser, source in pairs:
+        new = explore(rng, state["members"][source]["hparams"], rules,
+                      d["resample_probability"])
+        decisions.append({"member": loser, "from": source,
+                          "id": repo.branches()[f"pbt/{name}/{source}"],
+                          "old": state["members"][loser]["hparams"],
+                          "source_hparams": state["members"][source]["hparams"], "new": new})
+    shown = "  ".join(f"{m} {_score(scores[m])}" for m in ranking)
+    click.echo(f"round {round_}: {d['metric']} (round mean), best first: {shown}")
+    for m in state["members"]:
+        state["members"][m]["step"] = repo.read_commit(
+            repo.branches()[f"pbt/{name}/{m}"]).step or 0
+    state.update(round=round_, decisions=decisions, applied=False, rng=_rng_state(rng))
+    state["history"].append({"round": round_, "scores": scores, "ranking": ranking,
+                             "exploits": [{k: x[k] for k in ("member", "from", "id", "new")}
+                                          for x in decisions], "final": last})
+    store.save(state)  # decided: a crash from here on applies the same decisions
+    _apply(repo, state, rng)
+    store.save(state)
 
 
 def _score(value: float | None) -> str:

@@ -242,6 +242,7 @@ def test_decisions_come_from_the_seeded_rng():
     (["--steps-per-round", "10", "--explore", "ent_coef=resample:choice:-1"],
      "member m1: ent_coef"),
     (["--population", "1"], "--population must be at least 2"),
+    (["--steps-per-round", "10", "--explore", "anneal_lr=factors:0.8"], "is not a number"),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(ws, args, message):
     Repo.init(ws)

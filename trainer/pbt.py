@@ -152,8 +152,7 @@ def explore(rng: random.Random, hparams: dict[str, Any], rules: list[Explore],
         old = hparams[rule.key]
         resample = rule.dist is not None and rng.random() < resample_probability
         if resample:
-            assert rule.dist is not None
-            out[rule.key] = _typed(_draw(rng, rule.dist, list(rule.args)))
+            out[rule.key] = _resample(rng, rule, old)
         elif rule.factors:
             if not isinstance(old, (int, float)) or isinstance(old, bool):
                 raise PbtError(f"--explore {rule.key}=factors: its value {old!r} is not a "
@@ -162,6 +161,16 @@ def explore(rng: random.Random, hparams: dict[str, Any], rules: list[Explore],
         else:
             out[rule.key] = old
     return out
+
+
+def _resample(rng: random.Random, rule: Explore, old: Any) -> Any:
+    """A fresh draw of the rule's distribution, typed as `--set` reads it; the "0" of
+    choice:0,0.01 for a float field is 0.0, as the trainer stores it."""
+    assert rule.dist is not None
+    value = _typed(_draw(rng, rule.dist, list(rule.args)))
+    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _text(value: Any) -> str:
@@ -419,6 +428,10 @@ def _base_config(ctx: click.Context, rules: list[Explore]) -> dict[str, Any]:
     for rule in rules:
         if rule.key not in config:
             raise PbtError(f"--explore {rule.key}: not a {algo} config key")
+        value = config[rule.key]
+        if rule.factors and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise PbtError(f"--explore {rule.key}=factors: its value {value!r} is not a "
+                           "number (give resample:choice:A,B)")
     return config
 
 
@@ -434,7 +447,7 @@ def _initial_state(name: str, definition: dict[str, Any], rules: list[Explore],
         if i > 0:
             for rule in rules:
                 if rule.dist is not None:
-                    hparams[rule.key] = _typed(_draw(rng, rule.dist, list(rule.args)))
+                    hparams[rule.key] = _resample(rng, rule, start[rule.key])
                 else:
                     hparams[rule.key] = explore(rng, start, [rule], 0.0)[rule.key]
         members[f"m{i}"] = {"seed": i + 1, "hparams": hparams, "step": 0}

@@ -224,9 +224,10 @@ def parse_seeds(text: str) -> list[int]:
 # ---------------------------------------------------------------------------- train options
 
 
-def parse_train_args(args: Sequence[str]) -> click.Context:
+def parse_train_args(args: Sequence[str], owner: str = "the sweep") -> click.Context:
     """The pass-through options, parsed by `vrl train` itself (so a typo or an option that
-    `vrl train` does not know fails here, before anything starts)."""
+    `vrl train` does not know fails here, before anything starts); ``owner`` sets the
+    options of OWNED itself."""
     if args and not args[0].startswith("-"):
         raise SweepError(f"unexpected argument {args[0]!r}: NAME comes first, train "
                          "options after it")
@@ -239,7 +240,7 @@ def parse_train_args(args: Sequence[str]) -> click.Context:
     for key, flag in OWNED.items():
         if ctx.get_parameter_source(key) == ParameterSource.COMMANDLINE:
             hint = " (give --seeds)" if key == "seed" else ""
-            raise SweepError(f"{flag} is set by the sweep for every trial{hint}; leave it out")
+            raise SweepError(f"{flag} is set by {owner} for every trial{hint}; leave it out")
     return ctx
 
 
@@ -530,10 +531,17 @@ def _report(job: Job, total: int) -> None:
               help="Continue sweep NAME as it was defined: skip finished trials, continue "
                    "unfinished ones.")
 @click.option("--dry-run", is_flag=True, help="Print the trials and their commands only.")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Run the trials as Ray tasks on this cluster (auto: the running one; "
+                   "needs pip install 'vrl[ray]').")
+@click.option("--remote", default=None, metavar="NAME",
+              help="With --ray: each task trains in a clone of this remote and pushes its "
+                   "branch to it.")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
           trials: int | None, sampler_seed: int, seeds_text: str, steps: int | None,
-          workers: int, resume: bool, dry_run: bool, train_args: tuple[str, ...]) -> None:
+          workers: int, resume: bool, dry_run: bool, ray_address: str | None,
+          remote: str | None, train_args: tuple[str, ...]) -> None:
     """Train every combination of --grid values (or draws of --random values) with
     every seed, one run per branch sweep/NAME/<values>-s<seed>.
 
@@ -551,6 +559,12 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
         repo = Repo(".")
     with one_line_errors():
         check_ref_name_of(name)
+    if remote is not None and ray_address is None:
+        raise SweepError("--remote is for --ray tasks: give --ray ADDRESS too")
+    if ray_address is not None:  # before anything starts: is Ray there?
+        from trainer.ray_runner import require_ray
+
+        require_ray()
     store = SweepStore(repo, name)
     stored = store.load()
     if resume:
@@ -597,15 +611,22 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
             click.echo(f"error: {why}")
         return
     with store.running():  # from here on, this process is the only one running NAME
-        _execute(repo, store, stored, todo, ctx, run_args, steps, workers, definition)
+        _execute(repo, store, stored, todo, ctx, run_args, steps, workers, definition,
+                 ray_address, remote)
 
 
 def _execute(repo: Any, store: SweepStore, stored: dict[str, Any] | None, todo: list[Trial],
              ctx: click.Context, run_args: list[str], steps: int | None, workers: int,
-             definition: dict[str, Any]) -> None:
+             definition: dict[str, Any], ray_address: str | None = None,
+             remote: str | None = None) -> None:
     """Skip the finished trials, run the others, report, and exit non-zero if any failed
     (1) or the sweep was stopped (130 / 143)."""
     name = store.dir.name
+    if remote is not None:  # the trials' branches live on the remote: where are they?
+        from trainer.ray_runner import fetch_branches
+
+        with one_line_errors():
+            fetch_branches(repo, remote, f"sweep/{name}/")
     jobs, skipped, foreign = _jobs(repo, store, todo, ctx, run_args, steps)
     seeds = sorted({t.seed for t in todo})
     configs = len(todo) // len(seeds)
@@ -639,7 +660,18 @@ def _execute(repo: Any, store: SweepStore, stored: dict[str, Any] | None, todo: 
         store.save(state)
 
     try:
-        stopped = run_jobs(jobs, workers, len(todo), on_end=record)
+        if ray_address is not None:
+            from trainer.ray_runner import run_jobs_ray
+
+            stopped = run_jobs_ray(jobs, workers, len(todo), ray_address, remote, repo,
+                                   on_end=record)
+            if remote is not None:
+                from trainer.ray_runner import fetch_branches
+
+                with one_line_errors():
+                    fetch_branches(repo, remote, f"sweep/{name}/")
+        else:
+            stopped = run_jobs(jobs, workers, len(todo), on_end=record)
     finally:
         _restore_head(repo, head_before, {t.branch for t in todo})
     failed = [j for j in jobs if j.rc not in (0, None) and not j.stopped]

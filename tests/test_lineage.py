@@ -239,3 +239,27 @@ def test_the_trunk_that_went_on_after_a_branch_was_made_is_no_fork(ws, capsys):
     code, out, _ = vrl(capsys, "log", "--oneline", "lr-low")
     assert out.splitlines()[0] == (f"{low[:12]} (lr-low) low [forked from main at step 0 "
                                    f"({base[:12]})]")
+
+
+def test_a_run_moved_onto_another_line_forked_where_it_arrived(ws, capsys):
+    """A PBT exploit (or `reset --hard` to another run) moves a branch onto another run's
+    line, then commits there. That run did not fork from it, even where the exploit's
+    commit is older than the source's next snapshot: the reflog says who arrived where."""
+    repo = Repo.init(ws)
+    repo.commit(state(0), env=False, step=0, time=at(0), message="m0 a",
+                ref="refs/heads/m0")
+    source = repo.commit(state(1), env=False, step=1, time=at(1), message="m0 b",
+                         ref="refs/heads/m0")
+    repo.refs.update("refs/heads/m1", repo.resolve("m0~1"), expected=None,
+                     reason="branch: Created from m0~1")
+    repo.commit(state(2), env=False, step=1, time=at(2), message="m1 own",
+                ref="refs/heads/m1")
+    repo.refs.update("refs/heads/m1", source, reason="pbt: exploit m1 <- m0 round 1")
+    copied = repo.commit(state(3), env=False, step=2, time=at(3), message="m1 exploits m0",
+                         ref="refs/heads/m1")
+    repo.commit(state(4), env=False, step=2, time=at(4), message="m0 c", ref="refs/heads/m0")
+    code, out, err = vrl(capsys, "log", "--oneline", "m0")
+    assert code == 0 and "[" not in out, out
+    code, out, _ = vrl(capsys, "log", "--oneline", "m1")
+    assert out.splitlines()[0] == (f"{copied[:12]} (m1) m1 exploits m0 [forked from m0 at "
+                                   f"step 1 ({source[:12]})]")

@@ -712,11 +712,17 @@ def ref_went_on(repo: Repo, ref: str, line: list[ObjectId]) -> Callable[[int], b
     The graph alone cannot tell a run that forked from another's last snapshot from one
     that went on past a branch made at its snapshot. The run's reflog can: a run whose
     ref was made before that snapshot, or by committing it, went on; one made there or
-    later (as `vrl train --from` makes a fork, or a clone) forked there. None where the
-    reflog does not tell (none kept, or it starts off this line): the times decide."""
-    log = repo.refs.reflog(ref)
-    if not log or log[-1].new not in line:
+    later (as `vrl train --from` makes a fork, or a clone) forked there; so did one moved
+    onto this line (a reset, a PBT exploit): from the reflog's entry with which it came
+    onto the line. None where the reflog does not tell (none kept): the times decide."""
+    places = {oid: k for k, oid in enumerate(line)}
+    arrived = None  # the entry with which the ref came onto this line: made, or moved here
+    for entry in repo.refs.reflog(ref):  # newest first
+        if entry.new not in places:
+            break
+        arrived = entry
+    if arrived is None:
         return None
-    born = line.index(log[-1].new)
-    by_commit = log[-1].reason.startswith("commit")
+    born = places[arrived.new]
+    by_commit = arrived.reason.startswith("commit")
     return lambda i: born < i or (born == i and by_commit)

@@ -47,17 +47,15 @@ from trainer.cli import HELP, RUN_OPTIONS, dirty_overrides, one_line_errors
 from trainer.sweep import (
     DISTRIBUTIONS,
     SIGNIFICANT,
-    Job,
     SweepError,
     SweepStore,
-    Trial,
     _draw,
     _restore_head,
     given,
     parse_train_args,
-    run_jobs,
     split_values,
 )
+from trainer.trials import Job, Trial, run_jobs
 from vrl.returns import RETURN_METRIC
 
 PBT_DIR = "pbt"

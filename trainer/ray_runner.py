@@ -206,9 +206,9 @@ def fetch_branches(repo: Any, name: str, prefix: str) -> None:
 
 def run_jobs_ray(jobs: list[Any], workers: int, total: int, address: str,
                  remote: str | None, repo: Any, on_end: Any = None) -> list[int]:
-    """Like trainer.sweep.run_jobs, with each job a Ray task (``workers`` at a time).
+    """Like trainer.trials.run_jobs, with each job a Ray task (``workers`` at a time).
     Returns the signals that stopped the run (empty if it ran to the end)."""
-    from trainer.sweep import _report
+    from trainer.trials import report as _report
 
     ray = connect(address)
     spec = remote_spec(repo, remote) if remote is not None else None

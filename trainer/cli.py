@@ -625,12 +625,12 @@ def _eval(rev, episodes, greedy, seed, env_spec, device, gif, baseline, as_json)
     from trainer.eval import check_options, evaluate
     from vrl import Repo
 
+    check_options(episodes, gif)  # (refused before the repository is even opened)
     repo = Repo(".")
     if gif == AUTO_GIF:  # beside the store, named by the commit: the UI finds it there
         folder = repo.vrl_dir / "eval"
         folder.mkdir(exist_ok=True)
         gif = str(folder / f"{repo.resolve(rev)[:12]}.gif")
-    check_options(episodes, gif)
     torch.set_num_threads(1)
     result = evaluate(repo, rev, episodes=episodes, greedy=greedy, seed=seed,
                       device=device, gif=gif, env_spec=env_spec, baseline=baseline)

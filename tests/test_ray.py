@@ -123,7 +123,6 @@ def test_sweep_on_ray_into_the_shared_store(ws, ray_cluster):
         assert "ray task" in (ws / ".vrl/sweeps/lr" / f"learning_rate={lr}-s1.log").read_text()
 
 
-@pytest.mark.slow  # ~40 s on 2 cores; the shared-store sweep above is the default smoke test
 def test_sweep_and_pbt_on_ray_push_every_trial_to_s3(ws, tmp_path, ray_cluster, s3_remote):
     case = s3_remote()
     repo = with_remote(ws, case)
@@ -148,6 +147,7 @@ def test_sweep_and_pbt_on_ray_push_every_trial_to_s3(ws, tmp_path, ray_cluster, 
         ids, steps, text = remote_log(tmp_path, case, branch)
         assert steps[0] == 2 * rounds and repo.resolve(branch) == ids[0]
         clone = Repo(tmp_path / f"clone-{branch.replace('/', '_')}")
+        assert clone.fsck()["ok"], branch  # every object the trials pushed, whole
         for oid in ids:
             record = clone.read_commit(oid).meta.get("pbt")
             if record:  # the exploit commit reached the remote, parent the source's

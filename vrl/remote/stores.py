@@ -268,29 +268,24 @@ def _error_code(exc: BaseException) -> str:
     return ""
 
 
-class S3Remote(FsspecRemote):
-    """An S3 bucket/prefix (AWS or any S3-compatible endpoint) through s3fs.
-
-    Guarantee: a PUT is atomic, so objects are written in place; refs move by conditional
-    writes (`If-Match` on the ETag read, `If-None-Match: *` to create), which S3 evaluates
-    atomically, so exactly one of several racing pushers wins. Endpoints without
-    conditional-write support reject or ignore the header: use one pusher per branch there.
-    """
+class ConditionalRemote(FsspecRemote):
+    """An object store (S3, GCS, Azure): an upload is atomic, so objects are written in
+    place; refs move by the store's conditional writes (`read_versioned` / `swap`, each
+    backend's own), so exactly one of several racing pushers wins."""
 
     direct_writes = True
 
-    def __init__(self, fs: Any, root: str, url: str) -> None:
-        super().__init__(fs, root, url, "atomic (S3 conditional writes: If-Match / "
-                                        "If-None-Match)")
+    def __init__(self, fs: Any, root: str, url: str, guarantee: str) -> None:
+        super().__init__(fs, root, url, guarantee)
         self.bucket, _, self.prefix = self.root.partition("/")
 
-    def _s3key(self, key: str) -> str:
+    def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _sync(self, func: Any) -> Any:
+    def _sync(self, func: Any, *args: Any) -> Any:
         from fsspec.asyn import sync
 
-        return sync(self.fs.loop, func)
+        return sync(self.fs.loop, func, *args)
 
     def get(self, key: str) -> bytes:
         # one GET (s3fs's cat_file sends a HEAD first, to decide on concurrent ranges)
@@ -306,10 +301,24 @@ class S3Remote(FsspecRemote):
             except FileNotFoundError:
                 raise KeyMissing(key) from None
 
+
+class S3Remote(ConditionalRemote):
+    """An S3 bucket/prefix (AWS or any S3-compatible endpoint) through s3fs.
+
+    Guarantee: a PUT is atomic, so objects are written in place; refs move by conditional
+    writes (`If-Match` on the ETag read, `If-None-Match: *` to create), which S3 evaluates
+    atomically, so exactly one of several racing pushers wins. Endpoints without
+    conditional-write support reject or ignore the header: use one pusher per branch there.
+    """
+
+    def __init__(self, fs: Any, root: str, url: str) -> None:
+        super().__init__(fs, root, url, "atomic (S3 conditional writes: If-Match / "
+                                        "If-None-Match)")
+
     def exists(self, key: str) -> bool:
         with self.guard(f"checking {key}"):
             try:
-                self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._s3key(key))
+                self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
                 return True
             except FileNotFoundError:
                 return False
@@ -317,7 +326,7 @@ class S3Remote(FsspecRemote):
     def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
         async def fetch() -> tuple[bytes, str]:
             resp = await self.fs._call_s3("get_object", Bucket=self.bucket,
-                                          Key=self._s3key(key))
+                                          Key=self._key(key))
             async with resp["Body"] as body:
                 data = await body.read()
             return data, resp["ETag"]
@@ -333,7 +342,7 @@ class S3Remote(FsspecRemote):
         try:
             with self.guard(f"updating {key}"):
                 try:
-                    self.fs.call_s3("put_object", Bucket=self.bucket, Key=self._s3key(key),
+                    self.fs.call_s3("put_object", Bucket=self.bucket, Key=self._key(key),
                                     Body=data, **condition)
                 except Exception as exc:
                     code = _error_code(exc)
@@ -355,7 +364,7 @@ def _conflict(key: str, url: str) -> RefConflictError:
     return RefConflictError(f"{key} on {redact(url)} changed meanwhile")
 
 
-class GcsRemote(FsspecRemote):
+class GcsRemote(ConditionalRemote):
     """A GCS bucket/prefix through gcsfs (its JSON-API class, `gcsfs.core.GCSFileSystem`).
 
     Guarantee: an upload is atomic, so objects are written in place; refs move by
@@ -363,32 +372,8 @@ class GcsRemote(FsspecRemote):
     which GCS evaluates atomically: exactly one of several racing pushers wins.
     """
 
-    direct_writes = True
-
     def __init__(self, fs: Any, root: str, url: str) -> None:
         super().__init__(fs, root, url, "atomic (GCS generation preconditions)")
-        self.bucket, _, self.prefix = self.root.partition("/")
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _sync(self, func: Any, *args: Any) -> Any:
-        from fsspec.asyn import sync
-
-        return sync(self.fs.loop, func, *args)
-
-    def get(self, key: str) -> bytes:
-        data, _ = self.read_versioned(key)
-        if data is None:
-            raise KeyMissing(key)
-        return data
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        with self.guard(f"reading {key}"):  # one GET with a Range header
-            try:
-                return self.fs.cat_file(self._p(key), start=start, end=end)
-            except FileNotFoundError:
-                raise KeyMissing(key) from None
 
     def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
         # one GET: the body and the generation it belongs to (x-goog-generation)
@@ -431,7 +416,7 @@ class GcsRemote(FsspecRemote):
 # ------------------------------------------------------------------------------ Azure
 
 
-class AzureRemote(FsspecRemote):
+class AzureRemote(ConditionalRemote):
     """An Azure Blob container/prefix through adlfs.
 
     Guarantee: a blob upload is atomic, so objects are written in place; refs move by
@@ -439,33 +424,10 @@ class AzureRemote(FsspecRemote):
     Azure evaluates atomically: exactly one of several racing pushers wins.
     """
 
-    direct_writes = True
-
     def __init__(self, fs: Any, root: str, url: str) -> None:
         super().__init__(fs, root, url, "atomic (Azure conditional writes: If-Match / "
                                         "If-None-Match)")
-        self.container, _, self.prefix = self.root.partition("/")
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _sync(self, func: Any) -> Any:
-        from fsspec.asyn import sync
-
-        return sync(self.fs.loop, func)
-
-    def get(self, key: str) -> bytes:
-        data, _ = self.read_versioned(key)
-        if data is None:
-            raise KeyMissing(key)
-        return data
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        with self.guard(f"reading {key}"):
-            try:
-                return self.fs.cat_file(self._p(key), start=start, end=end)
-            except FileNotFoundError:
-                raise KeyMissing(key) from None
+        self.container = self.bucket
 
     def read_versioned(self, key: str) -> tuple[bytes | None, Any]:
         from azure.core.exceptions import ResourceNotFoundError

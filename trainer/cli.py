@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -474,11 +474,20 @@ def _on_sigterm_raise():
 def _resume_command(ctx: click.Context, branch: str) -> str:
     """The command that continues ``branch``: this command's name, ``--from``, and the
     options given on this command line that a snapshot does not store."""
+    words = [ctx.command_path, "--from", branch, *given(ctx, names=RUN_OPTIONS)]
+    return " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
+
+
+def given(ctx: click.Context, names: Sequence[str] | None = None,
+          skip: Sequence[str] = ()) -> list[str]:
+    """The options of a parsed ``vrl train`` context given on its command line (those in
+    ``names`` only, if given), as arguments again."""
     from click.core import ParameterSource
 
-    words = [ctx.command_path, "--from", shlex.quote(branch)]
+    words: list[str] = []
     for param in ctx.command.params:
-        if param.name not in RUN_OPTIONS or not isinstance(param, click.Option) or \
+        if not isinstance(param, click.Option) or param.name is None or \
+                (names is not None and param.name not in names) or param.name in skip or \
                 ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
             continue
         value = ctx.params.get(param.name)
@@ -487,9 +496,12 @@ def _resume_command(ctx: click.Context, branch: str) -> str:
                 words.append(param.opts[0])
             elif param.secondary_opts:
                 words.append(param.secondary_opts[0])
+        elif param.multiple:
+            for item in value or ():
+                words += [param.opts[0], str(item)]
         elif value is not None:
-            words += [param.opts[0], shlex.quote(str(value))]
-    return " ".join(words)
+            words += [param.opts[0], str(value)]
+    return words
 
 
 def _print_resume_hint(ctx, trainer, hook, branch, store, exc) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import click
 
-from trainer.cli import HELP, RUN_OPTIONS, dirty_overrides, one_line_errors
+from trainer.cli import HELP, RUN_OPTIONS, dirty_overrides, given, one_line_errors
 from trainer.cli import train as train_command
 from trainer.trials import Job, Trial, run_jobs
 
@@ -220,30 +220,6 @@ def parse_train_args(args: Sequence[str], owner: str = "the sweep") -> click.Con
     return ctx
 
 
-def given(ctx: click.Context, names: Sequence[str] | None = None,
-          skip: Sequence[str] = ()) -> list[str]:
-    """The options of the parsed ``vrl train`` context given on its command line (those in
-    ``names`` only, if given), as arguments again."""
-    from click.core import ParameterSource
-
-    words: list[str] = []
-    for param in ctx.command.params:
-        if not isinstance(param, click.Option) or param.name is None or \
-                (names is not None and param.name not in names) or param.name in skip or \
-                ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
-            continue
-        value = ctx.params.get(param.name)
-        if param.is_flag:
-            if value:
-                words.append(param.opts[0])
-            elif param.secondary_opts:
-                words.append(param.secondary_opts[0])
-        elif param.multiple:
-            for item in value or ():
-                words += [param.opts[0], str(item)]
-        elif value is not None:
-            words += [param.opts[0], str(value)]
-    return words
 
 
 def check_trials(ctx: click.Context, trials: list[Trial], steps: int | None) -> None:

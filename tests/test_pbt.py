@@ -270,3 +270,21 @@ def test_a_larger_rounds_exploits_after_the_old_last_round_and_goes_on(trained, 
     oid, commit = exploit_commit(repo, f"pbt/p/{x['member']}")
     assert commit.meta["pbt"]["round"] == 2 and commit.parents == (x["id"],)
     assert all(repo.read_commit(repo.resolve(b)).step == 3 * ROUND for b in MEMBERS)
+
+
+def test_first_seed_offsets_the_members_seeds_and_is_part_of_the_definition(ws, monkeypatch):
+    Repo.init(ws)
+    monkeypatch.chdir(ws)
+    args = ["pbt", "s", "--population", "2", "--rounds", "1", "--steps-per-round",
+            str(PER_ITERATION), "--explore", "learning_rate=factors:0.8,1.2",
+            "--first-seed", "7", *SMALL]
+    code, out, err = run(*args)
+    assert code == 0, out + err
+    repo = Repo(ws)
+    assert [repo.read_commit(repo.resolve(f"pbt/s/m{i}")).hparams["seed"]
+            for i in range(2)] == [7, 8]
+    state = json.loads((ws / ".vrl/pbt/s/state.json").read_text())
+    assert [m["seed"] for m in state["members"].values()] == [7, 8]
+    code, out, err = run("pbt", "s", "--first-seed", "1")
+    assert code != 0 and "exists with another first_seed" in err, err
+    assert run("pbt", "s")[0] == 0  # the definition is stored: no need to repeat it

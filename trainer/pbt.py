@@ -1,8 +1,9 @@
 """``vrl pbt``: population-based training, each member a run on its own branch.
 
-A population of K members (branches ``pbt/NAME/m<i>``, trainer seeds 1..K) trains in
-rounds of N agent-steps: round r is ``vrl train --from pbt/NAME/m<i> --steps r*N`` for
-every member (an exact resume), run with the trial runner of ``vrl sweep``. After every
+A population of K members (branches ``pbt/NAME/m<i>``, trainer seeds S..S+K-1 for
+``--first-seed S``, default 1) trains in rounds of N agent-steps: round r is ``vrl train
+--from pbt/NAME/m<i> --steps r*N`` for every member (an exact resume), run with the trial
+runner of ``vrl sweep``. After every
 round but the last, the members are ranked by the *mean* of the metric over the round's
 snapshots (the mean, not the last value: one iteration's return is noisy, and a member
 that only got lucky at the end should not win); those in the bottom quantile *exploit* a
@@ -319,6 +320,9 @@ def apply_exploit(repo: Any, name: str, round_: int, loser: str, source: str,
 @click.option("--seed", type=int, default=None,
               help="Seeds the controller's choices (the same seed makes the same decisions) "
                    "[default: 0].")
+@click.option("--first-seed", type=click.IntRange(min=0), default=None,
+              help="The trainer seed of member m0; m<i> trains with FIRST_SEED + i (repeat a "
+                   "population with other seeds) [default: 1].")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Members training at a time (each a `vrl train` process).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
@@ -331,7 +335,7 @@ def apply_exploit(repo: Any, name: str, round_: int, loser: str, source: str,
 def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: int | None,
         explore_specs: tuple[str, ...], resample_probability: float | None,
         quantile: float | None, metric: str | None, minimize: bool | None, seed: int | None,
-        workers: int, ray_address: str | None, remote: str | None,
+        first_seed: int | None, workers: int, ray_address: str | None, remote: str | None,
         train_args: tuple[str, ...]) -> None:
     """Population-based training: K members on branches pbt/NAME/m<i> train in rounds;
     after each round the worst copy the best and perturb their hyperparameters.
@@ -370,9 +374,11 @@ def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: 
                         "explore": list(explore_specs) or None,
                         "resample_probability": resample_probability,
                         "quantile": quantile, "metric": metric, "minimize": minimize,
-                        "seed": seed, "train_args": list(train_args) or None}
+                        "seed": seed, "first_seed": first_seed,
+                        "train_args": list(train_args) or None}
     if stored is not None:
         definition = stored["definition"]
+        definition.setdefault("first_seed", 1)  # a population from before --first-seed
         # a rerun may repeat the definition or leave it out; only --rounds may grow
         for key, value in given_definition.items():
             if value is not None and key != "rounds" and value != definition[key]:
@@ -390,7 +396,8 @@ def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: 
         definition = {k: v for k, v in given_definition.items()}
         for key, default in (("population", 4), ("rounds", 4), ("resample_probability", 0.25),
                              ("quantile", 0.25), ("metric", RETURN_METRIC),
-                             ("minimize", False), ("seed", 0), ("train_args", [])):
+                             ("minimize", False), ("seed", 0), ("first_seed", 1),
+                             ("train_args", [])):
             if definition[key] is None:
                 definition[key] = default
     rules = parse_explore(definition["explore"])
@@ -448,7 +455,7 @@ def _initial_state(name: str, definition: dict[str, Any], rules: list[Explore],
                     hparams[rule.key] = _resample(rng, rule, start[rule.key])
                 else:
                     hparams[rule.key] = explore(rng, start, [rule], 0.0)[rule.key]
-        members[f"m{i}"] = {"seed": i + 1, "hparams": hparams, "step": 0}
+        members[f"m{i}"] = {"seed": definition["first_seed"] + i, "hparams": hparams, "step": 0}
     return {"name": name, "definition": definition, "round": 0, "members": members,
             "applied": True,
             "decisions": [], "history": [], "rng": _rng_state(rng),

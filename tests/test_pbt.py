@@ -224,6 +224,20 @@ def test_decisions_come_from_the_seeded_rng():
     assert decide(random.Random(0), {"m0": 1.0, "m1": 2.0}, 0.25, False)[1] == [("m0", "m1")]
 
 
+def test_a_resampled_choice_is_typed_as_set_reads_it():
+    # YAML 1.1 reads 1e-4 as a string, which the trainer then refuses as a learning rate
+    rules = parse_explore(["learning_rate=resample:choice:1e-4,2.5e-3",
+                           "hidden_sizes=resample:choice:[64],[32]",
+                           "anneal_lr=resample:choice:false"])
+    for seed in range(8):
+        value = explore(random.Random(seed),
+                        {"learning_rate": 1e-3, "hidden_sizes": [16], "anneal_lr": True},
+                        rules, 1.0)
+        assert value["learning_rate"] in (1e-4, 2.5e-3)
+        assert isinstance(value["learning_rate"], float)
+        assert value["hidden_sizes"] in ([64], [32]) and value["anneal_lr"] is False
+
+
 @pytest.mark.parametrize("args, message", [
     (["--explore", "learning_rate=factors:0.8,1.2"], "give --steps-per-round"),
     (["--steps-per-round", "10"], "give at least one --explore"),

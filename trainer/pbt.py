@@ -135,10 +135,10 @@ def _round_value(value: float, like: Any) -> float | int:
 
 
 def _typed(text: str) -> Any:
-    """A drawn value's text as `--set` reads it (YAML)."""
-    import yaml
+    """A drawn value's text as `--set` reads it (YAML 1.2: ``1e-4`` is a float)."""
+    from trainer.config import parse_override
 
-    return yaml.safe_load(text)
+    return parse_override(f"value={text}")[1]
 
 
 def explore(rng: random.Random, hparams: dict[str, Any], rules: list[Explore],

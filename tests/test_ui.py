@@ -566,3 +566,41 @@ def test_hostile_names_and_messages_stay_text(browser, tmp_path, shots):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_merge_shows_its_parents_and_recipe_on_its_page_and_in_the_graph(trained, browser,
+                                                                            shots, tmp_path):
+    ws = tmp_path / "runs"
+    shutil.copytree(trained, ws)
+    vrl_cli(ws, ["merge", "base", "lr-high", "--branch", "soup", "-m", "soup of two"])
+    repo = Repo(ws)
+    soup = repo.read_commit(repo.resolve("soup"))
+    assert len(soup.parents) == 2
+    server = serve(ws)
+    try:
+        browser.get_log("browser")
+        open_view(browser, server.url + "#/commit/soup", "commit")
+        recipe = browser.find_element("id", "merge-recipe").text
+        base = soup.meta["merge"]["base"]
+        for p, rev in zip(soup.parents, ("base", "lr-high"), strict=True):
+            assert f"{p[:12]} ({rev})" in recipe
+        assert f"base:     {base[:12]}" in recipe and "strategy: average" in recipe
+        links = [a.get_attribute("href").rsplit("/", 1)[1]
+                 for a in browser.find_elements("css selector", ".kv dd a.mono")]
+        assert links[:2] == list(soup.parents)  # both parents, linked
+        browser.save_screenshot(str(shots / "merge-commit.png"))
+        # a commit with one parent lists no recipe
+        open_view(browser, server.url + "#/commit/base", "commit")
+        assert not browser.find_elements("id", "merge-recipe")
+        # what a page leaves out (here the recipe and the GIF) is not shown as "null"
+        assert "null" not in browser.find_element("id", "main").text.split()
+        # the graph: the merge's row, and its parents' rows (base's head, lr-high's head)
+        open_view(browser, server.url, "graph")
+        rows = {r.get_attribute("data-id") for r in
+                browser.find_elements("css selector", "#graph .row")}
+        assert repo.resolve("soup") in rows and set(soup.parents) <= rows
+        browser.save_screenshot(str(shots / "merge-graph.png"))
+        assert console_errors(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()

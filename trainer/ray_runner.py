@@ -5,7 +5,9 @@ each run as a Ray task instead of a local subprocess.
   workers share: one machine, or a shared filesystem), and commits straight into it, as a
   local trial does (commits to different branches from several processes are safe).
 * With ``--remote NAME`` each task clones that remote into a temporary directory of its
-  worker, trains there and pushes its branch back (``vrl push``); the remote's refs move by
+  worker (metadata only: the tensors of the one snapshot a trial resumes download when it
+  loads them, not the whole store's), trains there and pushes its branch back (``vrl
+  push``); the remote's refs move by
   compare-and-swap, and each trial owns its branch, so no trial's commit can overwrite
   another's. The controller pushes the branches it changed before the tasks start (PBT's
   exploit commits) and fetches theirs afterwards (its own store has every trial's history,
@@ -81,7 +83,7 @@ def run_task(args: list[str], cwd: str, branch: str, env: dict[str, str],
         where = cwd
         if remote is not None:
             where = os.path.join(tmp, "clone")
-            rc, text = _vrl(["clone", remote["url"], where, "--no-checkout",
+            rc, text = _vrl(["clone", remote["url"], where, "--no-checkout", "--metadata-only",
                              *[w for k, v in remote["options"].items()
                                for w in ("-o", f"{k}={v}")]], tmp, full_env)
             output.append(text)

@@ -8,7 +8,7 @@ import heapq
 from typing import Any
 
 from vrl.history import History
-from vrl.objects import ObjectId
+from vrl.objects import Commit, ObjectId
 from vrl.repo import Repo
 from vrl.views import branch_points, changes, newest_first, ref_went_on, select_runs
 
@@ -93,3 +93,32 @@ def common_ancestor(repo: Repo, a: ObjectId, b: ObjectId) -> ObjectId | None:
                 seen.add(p)
                 heapq.heappush(ready, (newest_first(history.commit(p).time), p))
     return None
+
+
+def merge_lines(c: Commit) -> list[str]:
+    """A merge commit's parents (with the revisions merged), base and recipe, one line each
+    as `vrl show` and the UI's commit page list them; none for a commit with one parent."""
+    if len(c.parents) < 2:
+        return []
+    recipe: dict[str, Any] = c.meta.get("merge") or {}
+    if not isinstance(recipe, dict):
+        recipe = {}
+    revs = recipe.get("revs") if isinstance(recipe.get("revs"), list) else []
+    lines = ["Merge:  " + " ".join(p[:12] for p in c.parents)]
+    for i, p in enumerate(c.parents):
+        name = f" ({revs[i]})" if i < len(revs) else ""
+        lines.append(f"  parent {i + 1}: {p[:12]}{name}")
+    base = recipe.get("base")
+    lines.append(f"  base:     {base[:12] if isinstance(base, str) else 'none'}")
+    for key, label in (("strategy", "strategy"), ("optimizer", "optimizer"),
+                       ("hparams_differ", "hparams differing")):
+        value = recipe.get(key)
+        if isinstance(value, list):
+            value = ", ".join(map(str, value)) or "none"
+        if value is not None:
+            lines.append(f"  {label}: {value}")
+    counts = recipe.get("tensors")
+    if isinstance(counts, dict):
+        lines.append("  tensors:  " + ", ".join(f"{v} {k.replace('_', ' ')}"
+                                                for k, v in counts.items()))
+    return lines

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
+from vrl import lineage
 from vrl.cli._common import echo_json, first_line, json_option, pass_repo, safe, short
 from vrl.objects import Commit
 from vrl.repo import Repo
@@ -57,31 +56,8 @@ def merge(repo: Repo, revs: tuple[str, ...], strategies: tuple[str, ...],
 
 
 def merge_lines(c: Commit) -> list[str]:
-    """`vrl show`'s lines for a merge commit: its parents and recipe (none otherwise)."""
-    if len(c.parents) < 2:
-        return []
-    recipe: dict[str, Any] = c.meta.get("merge") or {}
-    if not isinstance(recipe, dict):
-        recipe = {}
-    revs = recipe.get("revs") if isinstance(recipe.get("revs"), list) else []
-    lines = ["Merge:  " + " ".join(short(p) for p in c.parents)]
-    for i, p in enumerate(c.parents):
-        name = f" ({revs[i]})" if i < len(revs) else ""
-        lines.append(f"  parent {i + 1}: {short(p)}{name}")
-    base = recipe.get("base")
-    lines.append(f"  base:     {short(base) if isinstance(base, str) else 'none'}")
-    for key, label in (("strategy", "strategy"), ("optimizer", "optimizer"),
-                       ("hparams_differ", "hparams differing")):
-        value = recipe.get(key)
-        if isinstance(value, list):
-            value = ", ".join(map(str, value)) or "none"
-        if value is not None:
-            lines.append(f"  {label}: {value}")
-    counts = recipe.get("tensors")
-    if isinstance(counts, dict):
-        lines.append("  tensors:  " + ", ".join(f"{v} {k.replace('_', ' ')}"
-                                                for k, v in counts.items()))
-    return [safe(line, True) for line in lines]
+    """`vrl show`'s lines for a merge commit, safe to print (none for other commits)."""
+    return [safe(line, True) for line in lineage.merge_lines(c)]
 
 
 COMMANDS = [merge]

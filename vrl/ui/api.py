@@ -23,7 +23,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from vrl import views
+from vrl import lineage, views
 from vrl.diff import StateLayout
 from vrl.errors import VrlError
 from vrl.history import History
@@ -276,8 +276,10 @@ class Api:
     def commit(self, params: dict[str, list[str]]) -> dict[str, Any]:
         d = views.commit_detail(self.repo, _one(params, "rev"))
         frozen = set(d["frozen_layers"])
-        layers = _layer_rows(d["diff"], frozen, self.repo.read_commit(d["id"]).meta)
+        commit = self.repo.read_commit(d["id"])
+        layers = _layer_rows(d["diff"], frozen, commit.meta)
         return {"id": d["id"], "parents": d["parents"], "refs": self.labels().get(d["id"], []),
+                "merge": lineage.merge_lines(commit),
                 "message": d["message"], "author": d["author"], "time": d["time"],
                 "step": d["step"], "hparams": d["hparams"], "metrics": d["metrics"],
                 "env": [{"key": k, "value": v} for k, v in _redacted(d["env"]).items()],

@@ -31,6 +31,10 @@
     }
     return node;
   }
+  // replaceChildren would show a left-out (null) child as the text "null"
+  function fill(node, ...children) {
+    node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  }
   const short = (id) => (id ? id.slice(0, 12) : "");
   function fmt(value) {
     if (value === null || value === undefined) return "-";
@@ -92,7 +96,7 @@
     return (refs || []).map((r) => el("span", { class: "pill " + r.kind, text: r.name }));
   }
   function showError(err) {
-    main.replaceChildren(el("p", { class: "error", text: String(err.message || err) }));
+    fill(main, el("p", { class: "error", text: String(err.message || err) }));
   }
   function table(headers, rows, opts) {
     opts = opts || {};
@@ -209,7 +213,7 @@
                                         (c.time || "").replace("T", " ").slice(0, 19) })));
     const graph = el("div", { class: "graph", id: "graph" }, svg, rows);
     const b = Object.keys(state.summary.branches).length;
-    main.replaceChildren(
+    fill(main,
       el("h1", { text: "History" }),
       el("p", { class: "muted", text: `${commits.length} commits on ${b} branch${b === 1 ? "" : "es"}` +
         (data.truncated ? ` (newest ${commits.length} shown)` : "") }),
@@ -254,7 +258,7 @@
       ["step", "time"].map((x) => el("label", {},
         el("input", { type: "radio", name: "xaxis", value: x, checked: state.xaxis === x,
           onchange: () => { state.xaxis = x; drawCurves(chartBox); } }), x === "step" ? " step" : " wall time")));
-    main.replaceChildren(el("h1", { text: "Curves" }),
+    fill(main, el("h1", { text: "Curves" }),
       s.metrics.length ? el("div", { class: "layout" }, side, chartBox)
         : el("p", { class: "muted", text: "No metrics recorded yet." }));
     if (s.metrics.length) await drawCurves(chartBox);
@@ -325,7 +329,7 @@
       el("h3", { text: "Runs" }), runPicker(() => drawScalars(grid)),
       el("h3", { text: "Smoothing" }), smoothSlider(() => resmooth(grid)),
       el("h3", { text: "Metrics" }), filter);
-    main.replaceChildren(el("h1", { text: "Scalars" }),
+    fill(main, el("h1", { text: "Scalars" }),
       s.metrics.length ? el("div", { class: "layout" }, side, grid)
         : el("p", { class: "muted", text: "No metrics recorded yet." }));
     if (s.metrics.length) await drawScalars(grid);
@@ -441,7 +445,7 @@
         el("a", { href: "#/commit/" + r.id, text: r.name }), r.step, r.snapshots, r.branch_point]
         .concat(data.params.map((k) => r.hparams[k]),
                 ...shown.map((m) => r.metrics[m] ? r.metrics[m] : [null, null])) }));
-      out.replaceChildren(data.rows.length ? table(headers, rows, { sortable: true, numeric: numeric })
+      fill(out, data.rows.length ? table(headers, rows, { sortable: true, numeric: numeric })
         : el("p", { class: "muted", text: "No runs yet." }));
     };
     const picker = el("details", { class: "picker" }, el("summary", { text: "metrics shown" }),
@@ -450,7 +454,7 @@
           state.compareMetrics = ev.target.checked ? state.compareMetrics.concat([m])
             : state.compareMetrics.filter((x) => x !== m);
           draw(); } }), " " + m))));
-    main.replaceChildren(el("h1", { text: "Compare runs" }),
+    fill(main, el("h1", { text: "Compare runs" }),
       el("p", { class: "muted", text: `One row per run (branch head): the ${data.params.length} hyperparameters that differ between the rows, then metrics (last value and best). Click a column to sort.` }),
       data.metrics.length ? picker : null, out,
       data.rows.length && data.metrics.length ? scatterSection(data) : null);
@@ -586,7 +590,7 @@
     const c = await api("commit", { rev: rev });
     const parents = c.parents.map((p, i) => el("span", {}, i ? ", " : "",
       el("a", { href: "#/commit/" + p, class: "mono", text: short(p) })));
-    main.replaceChildren(
+    fill(main,
       el("h1", {}, "Commit ", el("span", { class: "mono", text: short(c.id) }), " ", pills(c.refs)),
       el("dl", { class: "kv" },
         el("dt", { text: "id" }), el("dd", { class: "mono", text: c.id }),
@@ -599,6 +603,7 @@
         c.parents.length && !REPORT ? el("dd", {}, el("a", { href: `#/diff/${c.parents[0]}/${c.id}`, text: "against parent" }))
           : null),
       el("pre", { class: "message", text: c.message || "(no message)" }),
+      c.merge && c.merge.length ? el("pre", { class: "merge", id: "merge-recipe", text: c.merge.join("\n") }) : null,
       c.gif && !REPORT ? el("figure", { class: "eval-gif" },
         el("img", { id: "eval-gif", src: "/api/gif?" + qs({ rev: c.id }), alt: "eval episode of " + short(c.id) }),
         el("figcaption", { class: "muted", text: "evaluation episode (vrl eval --gif)" })) : null,
@@ -634,15 +639,15 @@
     const inB = el("input", { type: "text", id: "diff-b", list: "revs", value: state.diffB });
     const go = () => { location.hash = `#/diff/${encodeURIComponent(inA.value)}/${encodeURIComponent(inB.value)}`; };
     const out = el("div", { id: "diff-out" });
-    main.replaceChildren(el("h1", { text: "Diff" }),
+    fill(main, el("h1", { text: "Diff" }),
       el("div", { class: "toolbar" }, "from", inA, "to", inB, el("button", { onclick: go, text: "Compare" }), list),
       out);
     if (!state.diffA || !state.diffB) return;
     let d;
     try { d = await api("diff", { a: state.diffA, b: state.diffB }); } catch (err) {
-      out.replaceChildren(el("p", { class: "error", text: String(err.message || err) })); return;
+      fill(out, el("p", { class: "error", text: String(err.message || err) })); return;
     }
-    out.replaceChildren(
+    fill(out,
       el("p", {}, el("a", { href: "#/commit/" + d.a, class: "mono", text: short(d.a) }), " \u2192 ",
         el("a", { href: "#/commit/" + d.b, class: "mono", text: short(d.b) }), "  ",
         el("span", { class: "muted", text: d.summary || "" })),
@@ -683,7 +688,7 @@
     const picker = el("select", { id: "heat-rev", onchange: (ev) => { location.hash = "#/heatmap/" + encodeURIComponent(ev.target.value); } },
       names.map((n) => el("option", { value: n, text: n, selected: n === state.heatRev })));
     const wrap = el("div", { class: "heat-wrap", id: "heatmap" });
-    main.replaceChildren(el("h1", { text: "Layer changes" }),
+    fill(main, el("h1", { text: "Layer changes" }),
       el("div", { class: "toolbar" }, "branch", picker,
         el("span", { class: "muted", text: "layers \u00d7 snapshots along the first-parent line; colour = relative change against the parent; \u2715 = frozen by dirty-layer training" })),
       wrap, legend());

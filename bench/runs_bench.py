@@ -23,14 +23,15 @@ run), and the table shows the selected run's evaluation, the best evaluation of 
 (an oracle choice) and their mean.
 
 ``merge`` (in process, the dirty-layer bench's fine-tune regime: its cached base policy,
-trained with the trainer's defaults on the default task; the new task has 30 AGVs, a 3x4
-floor plan and a collision penalty of -0.3): per seed s two fine-tunes of the base (seeds
-2s-1 and 2s, ``--ft-iterations`` iterations, each committed on its own branch from the
-base), then ``repo.merge`` with ``average`` and with ``task-arithmetic:1`` (base + the sum
-of both deltas). Every policy (base, both parents, both merges) is evaluated on the new task
-and on the old one, on ``--eval-episodes`` worlds from one fixed seed.
+trained with the trainer's defaults on the default task for ``--pretrain-steps``; the new
+task has 30 AGVs, a 3x4 floor plan and a collision penalty of -0.3): per seed s two
+fine-tunes of the base (seeds 2s-1 and 2s, ``--ft-iterations``, each committed on its own
+branch from the base), then ``repo.merge`` with ``average`` and with ``task-arithmetic:1``
+(base + the sum of both deltas). Every policy (base, both parents, both merges) is
+evaluated on the new task and on the old one, on ``--eval-episodes`` worlds from one fixed
+seed.
 
-Writes bench/out/runs_pbt.{json,md} or bench/out/runs_merge.{json,md}.
+Writes bench/out/runs_pbt.{json,md} or bench/out/runs_merge.{json,md} (``--out``).
 """
 
 from __future__ import annotations
@@ -210,10 +211,10 @@ def merge_bench(args: argparse.Namespace, work: Path) -> tuple[dict, list[str]]:
 
     torch.set_num_threads(args.threads)
     # the dirty-layer bench's defaults (its fine-tune regime)
-    ns = argparse.Namespace(algo="ppo", agents=20, pretrain_steps=1_000_000,
+    ns = argparse.Namespace(algo="ppo", agents=20, pretrain_steps=args.pretrain_steps,
                             pretrain_budget=False, cache=args.cache, envs=4, steps=64,
                             minibatches=8, epochs=4, ft_agents=30, ft_layout="3x4",
-                            ft_collision=-0.3, ft_schedule="anneal", ft_lr=None)
+                            ft_collision=-0.3, ft_schedule=args.ft_schedule, ft_lr=None)
     hidden = [128, 128]
     if args.quick:
         ns.agents, ns.ft_agents, ns.envs, ns.steps, ns.epochs, ns.minibatches = 4, 6, 1, 32, 1, 2
@@ -301,13 +302,20 @@ def main() -> None:
                    help="pbt: the grid's learning rates (4: one per member)")
     p.add_argument("--arms", default="grid,grid-constant,pbt")
     p.add_argument("--workers", type=int, default=2, help="pbt: runs at a time")
-    p.add_argument("--ft-iterations", type=int, default=30,
-                   help="merge: fine-tune iterations (the dirty-layer bench's budget)")
+    p.add_argument("--pretrain-steps", type=int, default=2_000_000,
+                   help="merge: agent-steps of the base policy (as the dirty-layer stage)")
+    p.add_argument("--ft-iterations", type=int, default=120,
+                   help="merge: fine-tune budget in iterations of the default task (4 x 64 "
+                   "x 20 agent-steps each; as the dirty-layer stage)")
+    p.add_argument("--ft-schedule", choices=("anneal", "constant"), default="constant",
+                   help="merge: the fine-tunes' learning rate (as the dirty-layer stage)")
     p.add_argument("--eval-episodes", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(),
                                                    "vrl-dirty-bench-cache"),
                    help="merge: the dirty-layer bench's base-policy cache")
+    p.add_argument("--out", default=None,
+                   help="output path without extension (default bench/out/runs_PART)")
     p.add_argument("--quick", action="store_true", help="smoke test: tiny budgets")
     args = p.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -323,8 +331,8 @@ def main() -> None:
             data, lines = merge_bench(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = OUT / (f"runs_{args.part}" + ("_quick" if args.quick else ""))
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else OUT / f"runs_{args.part}"
+    out.parent.mkdir(parents=True, exist_ok=True)
     data |= {"command": shlex.join(sys.argv), "args": vars(args), "started": started,
              "load_start": load, "load_end": os.getloadavg()[0]}
     Path(f"{out}.json").write_text(json.dumps(data, indent=1, default=float))

@@ -3,11 +3,11 @@
 A population of K members (branches ``pbt/NAME/m<i>``, trainer seeds S..S+K-1 for
 ``--first-seed S``, default 1) trains in rounds of N agent-steps: round r is ``vrl train
 --from pbt/NAME/m<i> --steps r*N`` for every member (an exact resume), run with the trial
-runner of ``vrl sweep``. After every
-round but the last, the members are ranked by the *mean* of the metric over the round's
-snapshots (the mean, not the last value: one iteration's return is noisy, and a member
-that only got lucky at the end should not win); those in the bottom quantile *exploit* a
-member of the top quantile and *explore* its hyperparameters:
+runner of ``vrl sweep``. After every round but the last, the members are ranked by the
+*mean* of the metric over the round's snapshots (the mean, not the last value: one
+iteration's return is noisy, and a member that only got lucky at the end should not
+win); those in the bottom quantile *exploit* a member of the top quantile and *explore*
+its hyperparameters:
 
 * exploit: the member's branch is moved to the source's head (reflog reason
   ``pbt: exploit m2 <- m0 round 1``) and a commit is added on top of it holding the

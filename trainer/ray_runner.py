@@ -7,11 +7,10 @@ each run as a Ray task instead of a local subprocess.
 * With ``--remote NAME`` each task clones that remote into a temporary directory of its
   worker (metadata only: the tensors of the one snapshot a trial resumes download when it
   loads them, not the whole store's), trains there and pushes its branch back (``vrl
-  push``); the remote's refs move by
-  compare-and-swap, and each trial owns its branch, so no trial's commit can overwrite
-  another's. The controller pushes the branches it changed before the tasks start (PBT's
-  exploit commits) and fetches theirs afterwards (its own store has every trial's history,
-  as a local sweep's does).
+  push``); the remote's refs move by compare-and-swap, and each trial owns its branch, so
+  no trial's commit can overwrite another's. The controller pushes the branches it changed
+  before the tasks start (PBT's exploit commits) and fetches theirs afterwards (its own
+  store has every trial's history, as a local sweep's does).
 
 A task returns its exit code and its output; the controller appends the output to the
 trial's log, so logs need no shared filesystem. Ray is imported only here, lazily

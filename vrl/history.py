@@ -9,6 +9,7 @@ import math
 import re
 import weakref
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from vrl.errors import ObjectNotFoundError, VrlError
@@ -26,6 +27,14 @@ _STATS_KEY = b'],"stats":'  # after the parents list
 _FIELDS = tuple(f',"{name}":'.encode() for name in ("author", "env", "format", "hparams",
                                                       "manifest", "message", "meta",
                                                       "metrics", "parents"))
+
+
+def seconds(time: str) -> float | None:
+    """Seconds since the epoch of a commit's ISO 8601 UTC time (None if unreadable)."""
+    try:
+        return datetime.fromisoformat(time.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
 
 
 def split_stats(payload: bytes) -> tuple[bytes, bytes] | None:

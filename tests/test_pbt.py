@@ -257,6 +257,8 @@ def test_a_resampled_choice_is_typed_as_set_reads_it():
      "member m1: ent_coef"),
     (["--population", "1"], "--population must be at least 2"),
     (["--steps-per-round", "10", "--explore", "anneal_lr=factors:0.8"], "is not a number"),
+    (["--steps-per-round", "10", "--explore", "learning_rate=factors:0.8", "--env",
+      "pettingzoo:no_such_module:env"], "cannot import module 'no_such_module'"),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(ws, args, message):
     Repo.init(ws)

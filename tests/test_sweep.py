@@ -224,6 +224,10 @@ def test_random_search_with_a_fixed_sampler_seed_is_reproducible(ws):
     (["--grid", "learning_rate=1e-4", "--bogus"], "No such option '--bogus'"),
     (["--grid", "learning_rate=1e-4", "--seeds", "0"], "--seeds '0'"),
     ([], "give at least one --grid"),
+    # an env that no trial could make: one line, not a failure in every trial
+    (["--grid", "learning_rate=1e-4", "--env", "CartPole-v1"], "unknown env 'CartPole-v1'"),
+    (["--grid", "learning_rate=1e-4", "--env", "gym:NoSuchEnv-v0"],
+     "gym:NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(ws, args, message):
     Repo.init(ws)

@@ -52,6 +52,7 @@ from trainer.sweep import (
     SweepStore,
     _draw,
     _restore_head,
+    check_env,
     given,
     parse_train_args,
     split_values,
@@ -470,6 +471,7 @@ def _check_values(ctx: click.Context, state: dict[str, Any]) -> None:
     from trainer.presets import preset_algo
 
     p = ctx.params
+    check_env(ctx)
     with one_line_errors():
         algo = (p["algo"] or _from_yaml(p["config_path"], "algo")
                 or preset_algo(p["preset"]) or "ppo")

@@ -225,13 +225,14 @@ def parse_train_args(args: Sequence[str], owner: str = "the sweep") -> click.Con
 def check_trials(ctx: click.Context, trials: list[Trial], steps: int | None) -> None:
     """Build every trial's config as `vrl train` will (defaults, preset, --config, --set,
     the trial's values, seed, steps): a bad key or value fails here, in one line, before
-    anything starts. (What needs the env, e.g. minibatches that do not divide the rollout,
-    fails in its trial.)"""
+    anything starts, as does an env spec that names no env. (What needs the env made, e.g.
+    minibatches that do not divide the rollout, fails in its trial.)"""
     from trainer.cli import _from_yaml
     from trainer.config import load_config
     from trainer.presets import preset_algo
 
     p = ctx.params
+    check_env(ctx)
     with one_line_errors():
         algo = (p["algo"] or _from_yaml(p["config_path"], "algo")
                 or preset_algo(p["preset"]) or "ppo")
@@ -245,6 +246,20 @@ def check_trials(ctx: click.Context, trials: list[Trial], steps: int | None) -> 
             except ValueError as exc:
                 where = f"trial {trial.config}: " if trial.values else ""
                 raise SweepError(f"{where}{exc}") from None
+
+
+def check_env(ctx: click.Context) -> None:
+    """The env of the trials (--env, or the --config file's env_spec) is one `vrl train`
+    can make: an unknown spec or Gymnasium ID is one line before anything starts, not a
+    failure in every trial."""
+    from trainer.cli import _from_yaml
+    from trainer.env_specs import check_spec
+
+    p = ctx.params
+    with one_line_errors():
+        spec = p["env"] or _from_yaml(p["config_path"], "env_spec")
+        if spec:
+            check_spec(spec)
 
 
 # ---------------------------------------------------------------------------- state

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("gymnasium")
 
 from trainer.config import PPOConfig  # noqa: E402
-from trainer.envs import EnvSpecError, make_env  # noqa: E402
+from trainer.envs import EnvSpecError, check_spec, make_env  # noqa: E402
 from trainer.hooks import MetricsRecorder  # noqa: E402
 from trainer.train import Trainer  # noqa: E402
 from vrl.errors import VrlError  # noqa: E402
@@ -237,6 +237,28 @@ def test_unsupported_envs_are_one_line_errors(spec, message):
     text = str(info.value)
     assert message in text and "\n" not in text
     assert isinstance(info.value, VrlError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("gym:no_such_module:X-v0", "cannot import module 'no_such_module'"),
+    ("gym:NoSuchEnv-v0", "use gym:MODULE:ID to import the module that registers it"),
+    ("gym:", "unknown env 'gym:'"),
+    ("CartPole-v1", "unknown env 'CartPole-v1'; use warehouse, gym:ID"),
+    ("pettingzoo:no_such_module:env", "cannot import module 'no_such_module'"),
+    ("pettingzoo:pz_line_env:no_such_factory", "module 'pz_line_env' has no 'no_such_factory'"),
+])
+def test_check_spec_refuses_what_make_env_refuses_without_making_an_env(spec, message):
+    # sweeps and PBT check the env this way before any trial starts
+    for check in (lambda: check_spec(spec), lambda: make_env(spec, 1)):
+        with pytest.raises(EnvSpecError) as info:
+            check()
+        assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_check_spec_passes_a_spec_that_names_an_env():
+    for spec in ("warehouse", "gym:CartPole-v1", "gym:ma_gym_env:BoxAction-v0",
+                 "pettingzoo:pz_line_env:make"):
+        check_spec(spec)  # (BoxAction's unsupported space only shows once it is made)
 
 
 def test_tuple_actions_need_per_agent_observations():

@@ -2,22 +2,20 @@
 
 ``make_env(spec, ...)`` with ``spec`` one of ``warehouse``, ``gym:ID``, ``gym:MODULE:ID``
 (MODULE is imported first, so it can register ID) or ``pettingzoo:MODULE:FACTORY``
-(``FACTORY(**env_kwargs)`` returns a ParallelEnv).
+(``FACTORY(**env_kwargs)`` returns a ParallelEnv); ``check_spec(spec)`` checks one
+without making the env (trainer/env_specs.py).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
+from trainer.env_specs import EnvSpecError, check_spec, pettingzoo_factory, unknown_spec
 from trainer.envs.base import VecEnv
-from trainer.envs.spaces import EnvSpecError, import_error_hint
 
-__all__ = ["EnvSpecError", "VecEnv", "make_env"]
-
-SPECS = "warehouse, gym:ID, gym:MODULE:ID or pettingzoo:MODULE:FACTORY"
+__all__ = ["EnvSpecError", "VecEnv", "check_spec", "make_env"]
 
 
 def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0,
@@ -36,13 +34,7 @@ def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", se
     if kind == "pettingzoo" and ":" in rest:
         from trainer.envs.pettingzoo_adapter import PettingZooVecEnv
 
-        module, _, factory = rest.rpartition(":")
-        try:
-            fn = getattr(importlib.import_module(module), factory)
-        except ImportError as exc:
-            raise EnvSpecError(f"{spec}: {import_error_hint(module, exc)}") from None
-        except AttributeError:
-            raise EnvSpecError(f"{spec}: module {module!r} has no {factory!r}") from None
+        fn = pettingzoo_factory(spec)
 
         def factory_fn() -> Any:
             try:
@@ -52,4 +44,4 @@ def make_env(spec: str, num_envs: int, *, device: str | torch.device = "cpu", se
                                    "--set env.KEY=...)") from None
 
         return PettingZooVecEnv(factory_fn, num_envs, device=device, name=spec)
-    raise EnvSpecError(f"unknown env {spec!r}; use {SPECS}")
+    raise unknown_spec(spec)

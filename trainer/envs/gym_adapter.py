@@ -25,46 +25,23 @@ terminated ones are not.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainer.envs.spaces import (
-    EnvSpecError,
-    ObsFlattener,
-    action_spec,
-    import_error_hint,
-)
-
-
-def _import_gym():
-    try:
-        import gymnasium
-    except ImportError as exc:
-        raise EnvSpecError("Gymnasium environments need gymnasium: "
-                           "pip install 'vrl[gym]'") from exc
-    return gymnasium
+from trainer.env_specs import EnvSpecError, gym_error, import_gym, registering
+from trainer.envs.spaces import ObsFlattener, action_spec
 
 
 def make_gym(spec: str, **env_kwargs: Any):
     """``gymnasium.make`` for ``ID`` or ``module:ID`` (module imported first, so it can
     register ID), with one-line errors."""
-    gym = _import_gym()
-    module, _, env_id = spec.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise EnvSpecError(f"gym:{spec}: {import_error_hint(module, exc)}") from None
+    gym, env_id = registering(spec)
     try:
         return gym.make(env_id, **env_kwargs)
     except gym.error.Error as exc:
-        unknown = isinstance(exc, (gym.error.NameNotFound, gym.error.NamespaceNotFound))
-        hint = (" (use gym:MODULE:ID to import the module that registers it)"
-                if unknown and not module else "")
-        raise EnvSpecError(f"gym:{spec}: {str(exc).splitlines()[0]}{hint}") from None
+        raise gym_error(gym, spec, exc) from None
     except TypeError as exc:
         raise EnvSpecError(f"gym:{spec}: {exc} (check the env settings, --set env.KEY=...)"
                            ) from None
@@ -87,7 +64,7 @@ class GymVecEnv:
 
     def __init__(self, env_id: str, num_envs: int = 4, device: str | torch.device = "cpu",
                  **env_kwargs: Any) -> None:
-        gym = _import_gym()
+        gym = import_gym()
         who = f"gym:{env_id}"
         self.env_id = env_id
         self.device = torch.device(device)

@@ -22,16 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from vrl.errors import VrlError
+from trainer.env_specs import EnvSpecError, import_error_hint  # noqa: F401 - re-exported
 
 SUPPORTED_OBS = ("Box, Discrete, MultiBinary, MultiDiscrete, and Tuple/Dict of these "
                  "(flattened; a Dict's 'action_mask' entry masks the actions)")
 SUPPORTED_ACTIONS = ("Discrete or a 1-D float Box (continuous); for several agents one "
                      "per agent, all Discrete of one size or all Box of one shape")
-
-
-class EnvSpecError(VrlError, ValueError):
-    """An environment the trainer cannot use: bad spec, unsupported space, bad step."""
 
 
 class ObsFlattener:
@@ -142,15 +138,3 @@ def action_spec(action_spaces: Sequence[Any], names: Sequence[str], who: str) ->
     return ActionSpec(False, sizes[0],
                       starts=np.asarray([int(space.start) for space in action_spaces],
                                         dtype=np.int64))
-
-
-def import_error_hint(module: str, exc: ImportError) -> str:
-    """Why ``module`` did not import, and what to do, in one line."""
-    missing = getattr(exc, "name", None) or ""
-    if missing == "pettingzoo" or missing == "gymnasium":
-        return f"cannot import {module!r}: {missing} is not installed (pip install 'vrl[gym]' " \
-               "or 'vrl[pettingzoo]')"
-    if missing and not (module == missing or module.startswith(missing + ".")):
-        return f"cannot import {module!r}: it needs {missing!r}, which is not installed"
-    return (f"cannot import module {module!r} ({exc}); it must be importable from the "
-            "current directory or PYTHONPATH")

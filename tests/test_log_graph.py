@@ -237,6 +237,22 @@ def test_log_graph_oneline_all_draws_the_fork_and_the_merge(forked, capsys):
                                 f"* {s['base']} base"]
 
 
+def test_a_pattern_rev_is_the_branches_it_matches(forked, capsys):
+    repo, s, ids = forked
+    repo.branch("sw/a", ids["m1"])
+    repo.branch("sw/b", ids["e1"])
+    code, out, err = vrl(capsys, "log", "--oneline", "sw/*")
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == \
+        [s["e1"], s["m1"], s["base"]]  # both lines, each commit once, newest first
+    code, out2, _ = vrl(capsys, "log", "--oneline", "sw/a", "sw/b")
+    assert out2 == out
+    code, out, err = vrl(capsys, "log", "--oneline", "origin/*")  # remote-tracking too
+    assert code == 0 and out.split()[0] == s["m1"], err
+    code, out, err = vrl(capsys, "log", "nope/*")
+    assert code == 1 and out == "" and err == "error: no branch matches 'nope/*'\n", err
+
+
 def test_log_graph_runs_the_columns_beside_each_commits_lines(forked, capsys):
     _, s, ids = forked
     code, out, _ = vrl(capsys, "log", "--graph", "-n", "2")

@@ -132,6 +132,17 @@ def test_rounds_rank_exploit_and_record_the_genealogy(trained):
     assert run("-C", str(where), "fsck")[0] == 0
 
 
+def test_the_genealogy_command_it_prints_draws_every_member(trained, capsys, monkeypatch):
+    where, (code, out, err) = trained
+    assert "genealogy: vrl log --graph --oneline 'pbt/p/*'" in out
+    monkeypatch.chdir(where)
+    code, graph, err = run("log", "--graph", "--oneline", "pbt/p/*")
+    assert code == 0, err
+    for member in MEMBERS:
+        assert f"({member}" in graph or f", {member}" in graph
+    assert " exploits " in graph and "[forked from pbt/p/" in graph
+
+
 def test_members_start_diverse_and_anneal_off(trained):
     where, _ = trained
     repo = Repo(where)

@@ -116,8 +116,8 @@ def select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
     if revs:
         branches = repo.branches()
         for rev in revs:
-            if _GLOB.search(rev):  # no ref name holds * ? [: a pattern of branch names
-                out += _matching(repo, rev)
+            if is_pattern(rev):
+                out += matching_branches(repo, rev)
                 continue
             oid = repo.resolve(rev)
             out.append((rev, f"refs/heads/{rev}" if rev in branches else None, oid))
@@ -148,7 +148,12 @@ def select_runs(repo: Repo, revs: Sequence[str] | None, all_tags: bool
 _GLOB = re.compile(r"[*?\[]")
 
 
-def _matching(repo: Repo, pattern: str) -> list[tuple[str, str | None, ObjectId]]:
+def is_pattern(rev: str) -> bool:
+    """Whether `rev` is a pattern of branch names (no ref name holds * ? or [)."""
+    return bool(_GLOB.search(rev))
+
+
+def matching_branches(repo: Repo, pattern: str) -> list[tuple[str, str | None, ObjectId]]:
     """The branches (local, then remote-tracking) whose short names match the shell-style
     `pattern` (`*` also matches '/', as in `git branch --list`), sorted by name."""
     import fnmatch

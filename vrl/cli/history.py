@@ -149,7 +149,8 @@ def _walk(repo: Repo, revs: tuple[str, ...], all_refs: bool, max_count: int | No
 def log(repo: Repo, revs: tuple[str, ...], max_count: int | None, oneline: bool, graph: bool,
         all_refs: bool, metric_names: str | None, as_json: bool) -> None:
     """Show the history of snapshots reachable from REV (HEAD by default; several REVs
-    and --all show each commit once).
+    and --all show each commit once). A REV with * ? or [ is the branches it matches
+    ('pbt/lr/*', quoted for the shell).
 
     A run's first snapshot names the run it forked from, and a snapshot whose
     hyperparameters differ from its parent's lists the changes."""
@@ -159,6 +160,10 @@ def log(repo: Repo, revs: tuple[str, ...], max_count: int | None, oneline: bool,
     if graph and (as_json or metric_names is not None):
         raise click.UsageError("--graph draws the text log; it does not combine with "
                                "--json or --metrics")
+    from vrl.views import is_pattern, matching_branches
+
+    revs = tuple(name for rev in revs for name in (
+        [n for n, _, _ in matching_branches(repo, rev)] if is_pattern(rev) else [rev]))
     below: set[str] = set()
     if graph or all_refs or len(revs) > 1:
         if not revs and not all_refs and repo.head() is None:

@@ -49,6 +49,15 @@ def _dqn():
                policy_kwargs={"net_arch": [8]}, device="cpu", seed=3)
 
 
+def _ppo_sde():
+    return _ppo("Pendulum-v1", use_sde=True, sde_sample_freq=8)
+
+
+def _sac_sde():
+    return SAC("MlpPolicy", "Pendulum-v1", buffer_size=200, learning_starts=20, batch_size=16,
+               use_sde=True, policy_kwargs={"net_arch": [8]}, device="cpu", seed=3)
+
+
 def _log(repo):
     return [e.commit for e in reversed(repo.log())]
 
@@ -101,9 +110,9 @@ def _ppo_normalized():
 @pytest.mark.parametrize("make, n", [(_ppo, 64), (lambda: _ppo(make_vec_env("CartPole-v1",
                                                                             n_envs=2)), 128),
                                      (_ppo_normalized, 128), (_a2c, 40), (_sac, 40),
-                                     (_td3, 40), (_dqn, 60)],
+                                     (_td3, 40), (_dqn, 60), (_ppo_sde, 64), (_sac_sde, 40)],
                          ids=["ppo", "ppo-2-envs", "ppo-vec-normalize", "a2c", "sac", "td3",
-                              "dqn"])
+                              "dqn", "ppo-gsde", "sac-gsde"])
 def test_a_loaded_snapshot_trains_on_bit_for_bit(repo, make, n):
     straight = make()
     # the replay buffer is committed on request only: off-policy training samples from it
@@ -206,3 +215,19 @@ def test_schedules_are_recorded_by_value():
     with pytest.warns(UserWarning, match="deprecated"):  # as older releases built them
         closure = utils.get_schedule_fn(0.25)
     assert sb3_args.to_json(closure) == 0.25
+
+
+def test_the_committed_gsde_noise_is_kept_through_the_first_resample_only(repo):
+    model = _ppo_sde()
+    model.learn(64, callback=SnapshotCallback(repo, every=32))
+    committed = repo.load("HEAD~1")["sde"]
+    resumed = load(repo, "HEAD~1")
+    dist = resumed.policy.action_dist
+    assert torch.equal(dist.exploration_mat, committed["exploration_mat"])
+    resumed.policy.reset_noise(1)  # what the resumed rollout does first: kept
+    assert torch.equal(dist.exploration_mat, committed["exploration_mat"])
+    assert "reset_noise" not in vars(resumed.policy)
+    resumed.policy.reset_noise(1)  # later ones sample, as SB3's do
+    assert not torch.equal(dist.exploration_mat, committed["exploration_mat"])
+    _ppo().learn(32, callback=SnapshotCallback(repo, every=32))
+    assert "sde" not in repo.load("HEAD")  # nothing without gSDE

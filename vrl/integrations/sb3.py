@@ -199,6 +199,9 @@ def _capture(model: Any, replay_buffer: bool) -> dict[str, Any]:
     state["variables"] = {n: recursive_getattr(model, n).detach()
                           for n in model._get_torch_save_params()[1]}
     state["rng"] = rng_state()
+    noise = _sde_noise(model)
+    if noise is not None:
+        state["sde"] = {k: getattr(noise, k).detach().clone() for k in SDE_NOISE}
     counters = {n: getattr(model, n) for n in COUNTERS if hasattr(model, n)}
     counters.update(last_obs=model._last_obs, last_episode_starts=model._last_episode_starts,
                     last_original_obs=getattr(model, "_last_original_obs", None),
@@ -221,6 +224,43 @@ def _capture(model: Any, replay_buffer: bool) -> dict[str, Any]:
             "obs_rms": {k: gym_state.attributes(v) for k, v in rms.items()}
             if isinstance(rms, dict) else rms and gym_state.attributes(rms)}
     return state
+
+
+SDE_NOISE = ("exploration_mat", "exploration_matrices")
+
+
+def _sde_noise(model: Any) -> Any:
+    """The gSDE distribution whose noise matrices the next actions use (None without
+    gSDE): the policy's (on-policy algorithms) or its actor's (SAC)."""
+    if not getattr(model, "use_sde", False):
+        return None
+    dist = getattr(_noise_owner(model), "action_dist", None)
+    return dist if all(hasattr(dist, k) for k in SDE_NOISE) else None
+
+
+def _noise_owner(model: Any) -> Any:
+    """Whose `reset_noise` a rollout calls: SAC's actor, else the policy."""
+    actor = getattr(model, "actor", None)
+    return model.policy if actor is None else actor
+
+
+def _keep_sde_noise(model: Any, saved: dict[str, Any]) -> None:
+    """Put the committed gSDE noise back, and keep it through the next `reset_noise`.
+
+    SB3 samples the noise just before a rollout starts, where the commit is taken, so the
+    commit holds the RNGs as they are after that sample: the resumed `learn` must use the
+    committed noise instead of sampling again, which it would do first thing."""
+    dist = _sde_noise(model)
+    if dist is None:
+        return
+    for key in SDE_NOISE:
+        setattr(dist, key, saved[key].clone())
+    owner = _noise_owner(model)
+
+    def skip_once(*args: Any, **kwargs: Any) -> None:
+        del owner.reset_noise  # back to the class's method from the next call on
+
+    owner.reset_noise = skip_once
 
 
 def _restore_vec_normalize(norm: Any, saved: dict[str, Any]) -> None:
@@ -341,6 +381,8 @@ def _restore(model: Any, state: dict[str, Any], exact: bool, rev: str) -> None:
     rng = gym_state.decode(state.get("action_space_rng"))
     if rng is not None:
         model.action_space._np_random = rng
+    if exact and "sde" in state:
+        _keep_sde_noise(model, state["sde"])
     set_rng_state(state["rng"])  # last: building the model drew from every RNG
 
 

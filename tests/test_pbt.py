@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.pbt import decide, explore, parse_explore
+from trainer.pbt import apply_exploit, decide, explore, parse_explore
 from trainer.pbt import pbt as pbt_command
 from vrl import Repo
 from vrl.cli import cli, main
@@ -315,3 +315,30 @@ def test_first_seed_offsets_the_members_seeds_and_is_part_of_the_definition(ws, 
     code, out, err = run("pbt", "s", "--first-seed", "1")
     assert code != 0 and "exists with another first_seed" in err, err
     assert run("pbt", "s")[0] == 0  # the definition is stored: no need to repeat it
+
+
+def test_an_exploit_stopped_after_the_jump_keeps_the_old_line_tagged(ws, monkeypatch):
+    import numpy as np
+
+    repo = Repo.init(ws)
+    src = repo.commit({"w": np.ones(2, np.float32)}, env=False, step=8,
+                      hparams={"learning_rate": 0.1}, ref="refs/heads/pbt/x/m0")
+    old = repo.commit({"w": np.zeros(2, np.float32)}, env=False, step=8,
+                      hparams={"learning_rate": 0.2}, ref="refs/heads/pbt/x/m1")
+    args = (repo, "x", 1, "m1", "m0", src, {"learning_rate": 0.2}, {"learning_rate": 0.12})
+    commit = Repo.commit
+
+    def power_cut(self, *a, **kw):
+        raise OSError("power cut")
+
+    monkeypatch.setattr(Repo, "commit", power_cut)  # after the branch jumped, before its commit
+    with pytest.raises(OSError):
+        apply_exploit(*args)
+    monkeypatch.setattr(Repo, "commit", commit)
+    assert repo.resolve("pbt/x/m1") == src and repo.tags()["pbt/x/r1/m1"] == old
+    cid = apply_exploit(*args)  # the controller applies its decision again
+    assert repo.tags()["pbt/x/r1/m1"] == old  # the line it left is still reachable
+    c = repo.read_commit(cid)
+    assert c.parents == (src,) and c.meta["pbt"]["exploit"]["id"] == src
+    assert c.hparams["learning_rate"] == 0.12
+    assert apply_exploit(*args) == cid == repo.resolve("pbt/x/m1")  # and once only

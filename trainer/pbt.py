@@ -277,11 +277,13 @@ def apply_exploit(repo: Any, name: str, round_: int, loser: str, source: str,
     changed = {k: [old[k], new[k]] for k in new}
     record = {"round": round_, "exploit": {"from": source, "id": source_id},
               "explore": changed}
-    if head is not None:  # the line it leaves stays reachable (and in `log --all`)
-        repo.tag(f"pbt/{name}/r{round_}/{loser}", head, force=True)
-    # the reflog says why the branch jumped
-    repo.refs.update(ref, source_id, expected=head,
-                     reason=f"pbt: exploit {loser} <- {source} round {round_}")
+    reason = f"pbt: exploit {loser} <- {source} round {round_}"  # why the branch jumped
+    moved = head == source_id and next(
+        (e.reason for e in repo.refs.reflog(ref)), None) == reason
+    if not moved:  # (moved before a crash: its old line is tagged already, keep that tag)
+        if head is not None:  # the line it leaves stays reachable (and in `log --all`)
+            repo.tag(f"pbt/{name}/r{round_}/{loser}", head, force=True)
+        repo.refs.update(ref, source_id, expected=head, reason=reason)
     shown = ", ".join(f"{k} {_text(a)} -> {_text(b)}" for k, (a, b) in changed.items()
                       if a != b)
     return repo.commit(repo.load(source_id), allow_empty=True, ref=ref,

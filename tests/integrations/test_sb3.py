@@ -231,3 +231,16 @@ def test_the_committed_gsde_noise_is_kept_through_the_first_resample_only(repo):
     assert not torch.equal(dist.exploration_mat, committed["exploration_mat"])
     _ppo().learn(32, callback=SnapshotCallback(repo, every=32))
     assert "sde" not in repo.load("HEAD")  # nothing without gSDE
+
+
+@pytest.mark.parametrize("make", [_ppo_sde, _sac_sde], ids=["ppo-gsde", "sac-gsde"])
+def test_a_final_gsde_snapshot_resumes_as_the_run_would_have_gone_on(repo, make):
+    # the final commit is taken after training ended: the next rollout samples new noise
+    straight = make()
+    straight.learn(64, callback=SnapshotCallback(repo, every=1000, replay_buffer=True))
+    assert repo.read_commit(repo.head()).meta["sb3"]["kind"] == "final"
+    straight.learn(32, reset_num_timesteps=False)
+    resumed = load(repo, "HEAD")
+    resumed.learn(32, reset_num_timesteps=False)
+    assert resumed.num_timesteps == straight.num_timesteps == 96
+    assert _same_tensors(resumed.policy.state_dict(), straight.policy.state_dict())

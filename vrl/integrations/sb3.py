@@ -244,17 +244,21 @@ def _noise_owner(model: Any) -> Any:
     return model.policy if actor is None else actor
 
 
-def _keep_sde_noise(model: Any, saved: dict[str, Any]) -> None:
-    """Put the committed gSDE noise back, and keep it through the next `reset_noise`.
+def _restore_sde_noise(model: Any, saved: dict[str, Any], keep: bool) -> None:
+    """Put the committed gSDE noise back; with `keep`, keep it through the next
+    `reset_noise`.
 
-    SB3 samples the noise just before a rollout starts, where the commit is taken, so the
-    commit holds the RNGs as they are after that sample: the resumed `learn` must use the
-    committed noise instead of sampling again, which it would do first thing."""
+    SB3 samples the noise just before a rollout starts, where a periodic commit is taken,
+    so that commit holds the RNGs as they are after the sample: the resumed `learn` must use
+    the committed noise instead of sampling again, which it would do first thing. (After
+    training ended, the next rollout samples anew, as it would have.)"""
     dist = _sde_noise(model)
     if dist is None:
         return
     for key in SDE_NOISE:
         setattr(dist, key, saved[key].clone())
+    if not keep:
+        return
     owner = _noise_owner(model)
 
     def skip_once(*args: Any, **kwargs: Any) -> None:
@@ -307,7 +311,7 @@ def load(repo: Repo | str | os.PathLike[str], rev: str = "HEAD", env: Any = None
     if env is None:
         env = _recorded_env(info.get("env") or {}, state.get("vec_normalize"), rev)
     model = getattr(sb3, info["algo"])(env=env, **args)
-    _restore(model, state, info.get("exact", True), rev)
+    _restore(model, state, info.get("exact", True), rev, at_rollout=info.get("kind") == "step")
     return model
 
 
@@ -332,8 +336,10 @@ def _recorded_env(spec: dict[str, Any], norm: dict[str, Any] | None, rev: str) -
                                 if k in settings})
 
 
-def _restore(model: Any, state: dict[str, Any], exact: bool, rev: str) -> None:
-    """Put a commit's training state into a model just built with its arguments."""
+def _restore(model: Any, state: dict[str, Any], exact: bool, rev: str,
+             at_rollout: bool = True) -> None:
+    """Put a commit's training state into a model just built with its arguments
+    (`at_rollout`: committed as a rollout started, not after training ended)."""
     import torch
     from stable_baselines3.common.save_util import recursive_getattr
 
@@ -382,7 +388,7 @@ def _restore(model: Any, state: dict[str, Any], exact: bool, rev: str) -> None:
     if rng is not None:
         model.action_space._np_random = rng
     if exact and "sde" in state:
-        _keep_sde_noise(model, state["sde"])
+        _restore_sde_noise(model, state["sde"], keep=at_rollout)
     set_rng_state(state["rng"])  # last: building the model drew from every RNG
 
 

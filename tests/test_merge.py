@@ -196,6 +196,9 @@ def test_refusals_leave_every_ref_as_it_was(two):
         repo.merge("f64")
     with pytest.raises(VrlError, match="unknown strategy"):
         repo.merge("lr-low", "median")
+    for spec in ("weighted:1,nan", "task-arithmetic:inf", "weighted:1,x"):
+        with pytest.raises(VrlError, match=f"{spec}: .* must be finite numbers"):
+            repo.merge("lr-low", spec)
     with pytest.raises(VrlError, match="same snapshot"):
         repo.merge("main")
     assert _refs(repo) == before

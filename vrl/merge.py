@@ -80,7 +80,9 @@ def parse_rule(spec: str) -> Rule:
             if pattern and eq and rev:
                 return Rule(spec, kind, pattern=pattern, rev=rev)
     except ValueError:
-        pass
+        what = "weights" if kind == "weighted" else "LAMBDA"
+        raise MergeError(f"{spec}: {what} must be finite numbers (e.g. weighted:0.7,0.3, "
+                         "task-arithmetic:0.5)") from None
     raise MergeError(f"unknown strategy {spec!r}: use average, weighted:W1,W2,..., "
                      "task-arithmetic:LAMBDA or take:PATTERN=REV")
 

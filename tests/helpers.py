@@ -1,4 +1,5 @@
-"""Shared test helpers: bit-exact comparison of nested checkpoints."""
+"""Shared test helpers: bit-exact comparison of nested checkpoints, the commands of the
+benchmark pipeline."""
 
 import time
 from typing import Any
@@ -103,3 +104,25 @@ def process_results(proc: Any, conn: Any, timeout: float) -> list:
     proc.join(timeout)
     assert proc.exitcode == 0, f"{proc.name} exited with {proc.exitcode}"
     return out
+
+
+def dvc_stage_argv(stage: str) -> list[str]:
+    """The command `dvc repro STAGE` runs (dvc.yaml's, with params.yaml substituted): every
+    ${...} must resolve."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    cmd = yaml.safe_load((root / "dvc.yaml").read_text())["stages"][stage]["cmd"]
+
+    def value(match: re.Match) -> str:
+        section, key = match.group(1).split(".")
+        return str(params[section][key])
+
+    argv = shlex.split(re.sub(r"\$\{([\w.]+)\}", value, cmd))
+    assert "${" not in " ".join(argv), argv
+    return argv

@@ -3,34 +3,19 @@ every ${...} resolves, the script accepts every option and writes its table."""
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import dvc_stage_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def stage_argv(stage: str) -> list[str]:
-    import yaml
-
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    cmd = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["cmd"]
-
-    def value(match: re.Match) -> str:
-        section, key = match.group(1).split(".")
-        return str(params[section][key])
-
-    argv = shlex.split(re.sub(r"\$\{([\w.]+)\}", value, cmd))
-    assert argv[:2] == ["python", "bench/runs_bench.py"] and "${" not in " ".join(argv)
-    return argv
-
-
 def run_stage(stage: str, tmp_path: Path) -> tuple[str, dict]:
-    argv = stage_argv(stage)
+    argv = dvc_stage_argv(stage)
+    assert argv[:2] == ["python", "bench/runs_bench.py"]
     out = tmp_path / "stage"
     argv[argv.index("--out") + 1] = str(out)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VRL_AUTHOR": "tester"}

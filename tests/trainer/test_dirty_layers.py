@@ -441,20 +441,10 @@ def test_warmup_and_refresh_count_from_the_branch_point_not_the_snapshot_counter
 def test_dvc_stage_command_is_consistent_with_params_and_runs(stage, tmp_path):
     # `dvc repro <stage>` runs this command with params.yaml substituted: every ${...}
     # must resolve and the bench must accept every option (a --quick smoke budget here)
-    import re
-    import shlex
+    from helpers import dvc_stage_argv
 
-    import yaml
-
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    cmd = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["cmd"]
-
-    def value(match: re.Match) -> str:
-        section, key = match.group(1).split(".")
-        return str(params[section][key])
-
-    argv = shlex.split(re.sub(r"\$\{([\w.]+)\}", value, cmd))
-    assert argv[:2] == ["python", "bench/dirty_layers_bench.py"] and "${" not in " ".join(argv)
+    argv = dvc_stage_argv(stage)
+    assert argv[:2] == ["python", "bench/dirty_layers_bench.py"]
     out = tmp_path / "stage"
     argv[argv.index("--out") + 1] = str(out)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -1,7 +1,9 @@
 """Shared test helpers: bit-exact comparison of nested checkpoints, the commands of the
-benchmark pipeline."""
+benchmark pipeline, commands added to vrl's CLI."""
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -126,3 +128,19 @@ def dvc_stage_argv(stage: str) -> list[str]:
     argv = shlex.split(re.sub(r"\$\{([\w.]+)\}", value, cmd))
     assert "${" not in " ".join(argv), argv
     return argv
+
+
+@contextlib.contextmanager
+def commands_added(*commands: Any) -> Iterator[None]:
+    """`commands` on vrl's CLI meanwhile (their entry points may not be installed yet: an
+    editable install lists entry points as they were at install time)."""
+    from vrl.cli import cli
+
+    added = [c.name for c in commands if c.name not in cli.commands]
+    for command in commands:
+        cli.add_command(command)
+    try:
+        yield
+    finally:
+        for name in added:
+            cli.commands.pop(name, None)

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import commands_added
 
 from trainer.pbt import apply_exploit, decide, explore, parse_explore
 from trainer.pbt import pbt as pbt_command
 from vrl import Repo
-from vrl.cli import cli, main
+from vrl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
@@ -36,11 +37,8 @@ SCRIPT = ("import sys; from vrl.cli import cli, main; from trainer.pbt import pb
 
 @pytest.fixture(autouse=True, scope="module")
 def registered():
-    added = "pbt" not in cli.commands
-    cli.add_command(pbt_command)
-    yield
-    if added:
-        cli.commands.pop("pbt", None)
+    with commands_added(pbt_command):
+        yield
 
 
 def test_pbt_is_registered_as_a_vrl_command():

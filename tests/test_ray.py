@@ -9,9 +9,10 @@ import os
 import sys
 
 import pytest
+from helpers import commands_added
 
 from vrl import Repo
-from vrl.cli import cli, main
+from vrl.cli import main
 
 SMALL = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
          "--set", "num_minibatches=2", "--set", "update_epochs=2",
@@ -31,12 +32,8 @@ def registered():
     from trainer.pbt import pbt
     from trainer.sweep import sweep
 
-    added = [c.name for c in (pbt, sweep) if c.name not in cli.commands]
-    cli.add_command(pbt)
-    cli.add_command(sweep)
-    yield
-    for name in added:
-        cli.commands.pop(name, None)
+    with commands_added(pbt, sweep):
+        yield
 
 
 def test_without_ray_the_error_says_how_to_install_it(ws, monkeypatch):

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_same, vrl
+from helpers import assert_same, commands_added, vrl
 
 from trainer.sweep import sweep as sweep_command
 from vrl import Repo, groups
-from vrl.cli import cli, main
+from vrl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "num_envs=2", "--set", "num_steps=16", "--set", "hidden_sizes=[16]",
@@ -39,11 +39,8 @@ SCRIPT = ("import sys; from vrl.cli import cli, main; from trainer.sweep import 
 
 @pytest.fixture(autouse=True, scope="module")
 def registered():
-    added = "sweep" not in cli.commands
-    cli.add_command(sweep_command)
-    yield
-    if added:
-        cli.commands.pop("sweep", None)
+    with commands_added(sweep_command):
+        yield
 
 
 def test_sweep_is_registered_as_a_vrl_command():

@@ -53,6 +53,7 @@ from trainer.sweep import (
     _draw,
     _restore_head,
     check_env,
+    check_ray_options,
     given,
     parse_train_args,
     split_values,
@@ -364,12 +365,7 @@ def pbt(name: str, population: int | None, rounds: int | None, steps_per_round: 
         check_ref_name(f"pbt/{name}/m0", "branch")
     if population is not None and population < 2:
         raise PbtError(f"--population must be at least 2, got {population}")
-    if remote is not None and ray_address is None:
-        raise PbtError("--remote is for --ray tasks: give --ray ADDRESS too")
-    if ray_address is not None:  # before anything starts: is Ray there?
-        from trainer.ray_runner import require_ray
-
-        require_ray()
+    check_ray_options(ray_address, remote)
     store = PbtStore(repo, name)
     stored = store.load()
     given_definition = {"population": population, "rounds": rounds,

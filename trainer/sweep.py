@@ -248,6 +248,16 @@ def check_trials(ctx: click.Context, trials: list[Trial], steps: int | None) -> 
                 raise SweepError(f"{where}{exc}") from None
 
 
+def check_ray_options(ray_address: str | None, remote: str | None) -> None:
+    """--remote only with --ray, and Ray there when asked for: before anything starts."""
+    if remote is not None and ray_address is None:
+        raise SweepError("--remote is for --ray tasks: give --ray ADDRESS too")
+    if ray_address is not None:
+        from trainer.ray_runner import require_ray
+
+        require_ray()
+
+
 def check_env(ctx: click.Context) -> None:
     """The env of the trials (--env, or the --config file's env_spec) is one `vrl train`
     can make: an unknown spec or Gymnasium ID is one line before anything starts, not a
@@ -382,12 +392,7 @@ def sweep(name: str, grid_specs: tuple[str, ...], random_specs: tuple[str, ...],
         repo = Repo(".")
     with one_line_errors():
         check_ref_name_of(name)
-    if remote is not None and ray_address is None:
-        raise SweepError("--remote is for --ray tasks: give --ray ADDRESS too")
-    if ray_address is not None:  # before anything starts: is Ray there?
-        from trainer.ray_runner import require_ray
-
-        require_ray()
+    check_ray_options(ray_address, remote)
     store = SweepStore(repo, name)
     stored = store.load()
     if resume:

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.envs.spaces import EnvSpecError, ObsFlattener, action_spec
+from trainer.env_specs import EnvSpecError
+from trainer.envs.spaces import ObsFlattener, action_spec
 
 
 class PettingZooVecEnv:

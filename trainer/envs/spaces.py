@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.env_specs import EnvSpecError, import_error_hint  # noqa: F401 - re-exported
+from trainer.env_specs import EnvSpecError
 
 SUPPORTED_OBS = ("Box, Discrete, MultiBinary, MultiDiscrete, and Tuple/Dict of these "
                  "(flattened; a Dict's 'action_mask' entry masks the actions)")
